@@ -1,0 +1,1 @@
+"""Scaling benchmark: local or emulated hosts, TF's default side by side, the physical bound."""

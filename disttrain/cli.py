@@ -1,0 +1,157 @@
+"""The edge between command-line scripts and the library.
+
+bin/ scripts parse flags and call these: gin files become a TrainConfig,
+flags and TF_CONFIG become a Cluster, and any DisttrainError (or a TF error
+that means a lost peer) becomes one line on stderr and its exit code. The
+library below never reads flags or gin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import gin
+import tensorflow as tf
+
+from disttrain import configurables, launch
+from disttrain import cluster as cluster_lib
+from disttrain.config import TrainConfig
+from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPERATIVE_CONFIG = "operative_config.gin"
+
+
+def fail(message: str, code: int = ConfigError.exit_code):
+    """One line on stderr, then exit with `code`."""
+    print(f"disttrain: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def errors_to_exit():
+    """Turn what ends a task into one clear line and the documented exit code."""
+    try:
+        yield
+    except DisttrainError as e:
+        fail(str(e), e.exit_code)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        first = str(e.message).strip().splitlines()[0] if e.message else type(e).__name__
+        fail(f"lost contact with a peer: {first}", EXIT_TRANSIENT)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def cluster(job, task, ps_hosts, worker_hosts, chief_host) -> cluster_lib.Cluster:
+    with errors_to_exit():
+        return cluster_lib.resolve(job, task, ps_hosts, worker_hosts, chief_host)
+
+
+def _gin_error(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    where = next((line for line in lines[1:] if line.startswith("In ")), "")
+    return f"{lines[0] if lines else type(e).__name__} {where}".strip()
+
+
+def train_config(gin_files, gin_params) -> TrainConfig:
+    """Parse gin files and bindings (unknown names are errors) into a TrainConfig."""
+    configurables.register_all()
+    gin.add_config_file_search_path(REPO)  # includes are written 'gin/...'
+    if not gin_files:
+        fail("no --gin_file given: pass one, e.g. --gin_file=gin/mlp_async.gin")
+    for path in gin_files:
+        if not (os.path.exists(path) or os.path.exists(os.path.join(REPO, path))):
+            fail(f"gin file {path!r} not found (paths are relative to the current directory or {REPO})")
+    try:
+        gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=False)
+        return configurables.train_config().validate()
+    except DisttrainError as e:
+        fail(str(e), e.exit_code)
+    except (ValueError, TypeError, KeyError, OSError, gin.config.ParseError) as e:
+        fail(f"bad gin config: {_gin_error(e)}")
+
+
+def dry_run(cluster: cluster_lib.Cluster, config: TrainConfig) -> int:
+    with errors_to_exit():
+        print(launch.dry_run(cluster, config))
+    print("operative gin config:")
+    print(gin.operative_config_str())
+    return 0
+
+
+def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
+    def write_operative_config():
+        path = os.path.join(logdir, OPERATIVE_CONFIG)
+        with open(path + ".tmp", "w") as f:
+            f.write(gin.operative_config_str())
+        os.replace(path + ".tmp", path)
+
+    _quiet_tf()
+    with errors_to_exit():
+        return launch.run(cluster, config, logdir, on_built=write_operative_config, log_fn=_log)
+
+
+def _quiet_tf() -> None:
+    tf.get_logger().setLevel("WARNING")
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
+
+
+def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, logdir, timeout) -> int:
+    """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task."""
+    from disttrain import local
+
+    if not gin_files:
+        fail("no --gin_file given: pass one, e.g. --gin_file=gin/mlp_async.gin")
+    if num_workers < (0 if chief else 1) or num_ps < 0:
+        fail(f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}")
+    cluster = local.LocalCluster(gin_files, logdir, num_ps, num_workers, chief, evaluator, gin_params)
+    follower = local.LogFollower(cluster.chief_task.log_path)
+
+    def echo():
+        for line in follower.new_lines():
+            if line.strip() and not line.startswith(_NOISE):
+                print(line, flush=True)
+
+    print(f"starting {len(cluster.tasks)} tasks; logs in {logdir}/logs", flush=True)
+    for task in cluster.tasks:
+        print(f"  {task.name:22s} {task.address or '-':22s} {task.log_path}", flush=True)
+    cluster.start()
+    try:
+        codes = cluster.wait(timeout=timeout, on_tick=echo)
+    except TimeoutError as e:
+        fail(str(e), EXIT_TRANSIENT)
+    except KeyboardInterrupt:
+        cluster.stop()
+        fail(f"interrupted: every task stopped; logs in {logdir}/logs", 130)
+    if cluster.failed:
+        task = cluster.failed[0]
+        print(cluster.log_tail(task), file=sys.stderr, end="")
+        fail(f"{task.name} failed with exit code {task.proc.returncode}; every task stopped; log: {task.log_path}",
+             task.proc.returncode if 0 < task.proc.returncode < 256 else 1)
+    print(summary(launch.read_results(logdir), codes, logdir), flush=True)
+    return 0
+
+
+def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str:
+    """The closing table of a local run."""
+    lines = ["", "summary:", f"  {'task':14s} {'steps':>7s} {'examples/sec':>13s} {'final loss':>11s}"]
+    total = 0.0
+    for name, r in results.items():
+        total += r["examples_per_sec"]
+        lines.append(f"  {name:14s} {r['local_steps']:7d} {r['examples_per_sec']:13.1f} {r['final_loss']:11.4f}")
+    chief = [r for r in results.values() if r["cluster_examples_per_sec"]]
+    if chief:
+        lines.append(f"  global step {chief[0]['global_step']}, cluster examples/sec "
+                     f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)")
+    lines.append(f"  sum over tasks: {total:.1f} examples/sec")
+    lines.append(f"  exit codes: " + ", ".join(f"{n} {c}" for n, c in codes.items()))
+    lines.append(f"  logs: {logdir}/logs   TensorBoard: tensorboard --logdir={logdir}")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""Gin at the edge: registers the library's building blocks as gin configurables.
+
+Only entry points (bin/, tests of gin files) import this module; the library
+itself never reads gin. Names in .gin files:
+
+- `TrainConfig.*`: the run (disttrain.config.TrainConfig)
+- models by registry name: `@mlp()`, `@cifar10()`, ... (model_zoo)
+- strategies by class name: `@AsyncParameterServer`, ... (uncalled: the
+  launcher calls them with the cluster)
+- optimizers: `@Adam`, `@SGD`, `@Momentum`, `@RMSProp` (uncalled)
+- inputs: `@synthetic_input`, `@tfrecord_input` (uncalled)
+"""
+
+from __future__ import annotations
+
+import gin
+import tensorflow as tf
+
+import model_zoo
+from disttrain import strategies
+from disttrain.config import TrainConfig
+from model_zoo import inputs
+
+v1 = tf.compat.v1
+
+_REGISTERED: dict = {}
+
+
+def register_all() -> None:
+    """Register everything once (gin refuses a second registration)."""
+    if _REGISTERED:
+        return
+    _REGISTERED["TrainConfig"] = gin.external_configurable(TrainConfig, "TrainConfig")
+    for name in model_zoo.names():
+        gin.external_configurable(model_zoo.get(name), name)
+    for name in strategies.__all__:
+        if name != "Strategy":
+            gin.external_configurable(getattr(strategies, name), name)
+    gin.external_configurable(v1.train.AdamOptimizer, "Adam")
+    gin.external_configurable(v1.train.GradientDescentOptimizer, "SGD")
+    gin.external_configurable(v1.train.MomentumOptimizer, "Momentum")
+    gin.external_configurable(v1.train.RMSPropOptimizer, "RMSProp")
+    gin.external_configurable(inputs.synthetic, "synthetic_input")
+    gin.external_configurable(inputs.tfrecord, "tfrecord_input")
+
+
+def train_config() -> TrainConfig:
+    """A TrainConfig with the parsed gin bindings applied."""
+    register_all()
+    return _REGISTERED["TrainConfig"]()

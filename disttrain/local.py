@@ -1,0 +1,213 @@
+"""A whole cluster on this machine: one bin/train.py process per task, on free loopback ports.
+
+Used by bin/launch_local.py, the cluster tests and the benchmark. Every task
+logs to its own file; the first task to fail stops the rest; nothing outlives
+the launcher (each child gets SIGTERM if the launcher dies).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from disttrain.cluster import CHIEF, EVALUATOR, PS, WORKER, task_name
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(REPO, "bin", "train.py")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launcher dies, so no task is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def gpu_count() -> int:
+    """GPUs on this machine, without importing TensorFlow in the launcher."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
+def visible_devices(job: str, index: int, gpus: int, gpus_per_worker: int = 1) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a task: PS none, each replica its own GPUs.
+
+    None leaves the variable unset (no GPUs on this machine).
+    """
+    if job == PS:
+        return ""
+    if not gpus:
+        return None
+    first = (index * gpus_per_worker) % gpus
+    return ",".join(str((first + k) % gpus) for k in range(gpus_per_worker))
+
+
+@dataclasses.dataclass
+class Task:
+    job: str
+    index: int
+    address: str | None
+    log_path: str
+    proc: subprocess.Popen | None = None
+
+    @property
+    def name(self) -> str:
+        return task_name(self.job, self.index)
+
+
+class LocalCluster:
+    """Start, watch and stop a cluster of bin/train.py processes.
+
+    `popen(task, argv, env, log_file)` may be given to start tasks elsewhere
+    (the benchmark runs each in its own network namespace); `addresses` then
+    gives each task's address.
+    """
+
+    def __init__(
+        self,
+        gin_files: Sequence[str],
+        logdir: str,
+        num_ps: int = 1,
+        num_workers: int = 2,
+        chief: bool = False,
+        evaluator: bool = False,
+        gin_params: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        env: dict | None = None,
+        addresses: Callable[[str, int], str] | None = None,
+        popen: Callable | None = None,
+        gpus_per_worker: int = 1,
+    ):
+        self.gin_files, self.gin_params, self.logdir = list(gin_files), list(gin_params), logdir
+        self.env = dict(os.environ if env is None else env)
+        self._popen = popen or self._local_popen
+        self.gpus, self.gpus_per_worker = gpu_count(), gpus_per_worker
+        address = addresses or (lambda job, i: f"{host}:{free_port(host)}")
+        jobs = [(PS, num_ps), (CHIEF, 1 if chief else 0), (WORKER, num_workers)]
+        self.tasks = [
+            Task(job, i, address(job, i), os.path.join(logdir, "logs", f"{job}_{i}.log"))
+            for job, count in jobs
+            for i in range(count)
+        ]
+        if evaluator:
+            self.tasks.append(Task(EVALUATOR, 0, None, os.path.join(logdir, "logs", "evaluator_0.log")))
+        self.failed: list[Task] = []  # tasks that had failed when wait() stopped the cluster
+        self.cluster = {}
+        for t in self.tasks:
+            if t.address:
+                self.cluster.setdefault(t.job, []).append(t.address)
+
+    def tf_config(self, task: Task) -> str:
+        return json.dumps({"cluster": self.cluster, "task": {"type": task.job, "index": task.index}})
+
+    def argv(self, task: Task) -> list[str]:
+        argv = [sys.executable, TRAIN_PY, f"--logdir={self.logdir}"]
+        argv += [f"--gin_file={f}" for f in self.gin_files]
+        argv += [f"--gin_param={p}" for p in self.gin_params]
+        return argv
+
+    @staticmethod
+    def _local_popen(task: Task, argv, env, log_file) -> subprocess.Popen:
+        return subprocess.Popen(
+            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=_die_with_parent
+        )
+
+    def start(self) -> LocalCluster:
+        os.makedirs(os.path.join(self.logdir, "logs"), exist_ok=True)
+        for task in self.tasks:
+            env = dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1")
+            devices = visible_devices(task.job, task.index, self.gpus, self.gpus_per_worker)
+            if devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = devices
+            with open(task.log_path, "w") as log_file:
+                task.proc = self._popen(task, self.argv(task), env, log_file)
+        return self
+
+    def poll(self) -> dict[str, int | None]:
+        return {t.name: t.proc.poll() for t in self.tasks}
+
+    def wait(self, timeout: float | None = None, on_tick: Callable[[], None] | None = None) -> dict[str, int]:
+        """Wait for every task to exit; stop the rest at the first failure or on timeout.
+
+        Returns each task's exit code (negative: killed by that signal).
+        Raises TimeoutError (after stopping everything) if `timeout` passes.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                codes = self.poll()
+                if any(c not in (None, 0) for c in codes.values()) or all(c is not None for c in codes.values()):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs")
+                if on_tick:
+                    on_tick()
+                time.sleep(0.2)
+        finally:
+            self.failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
+            self.stop()
+        if on_tick:
+            on_tick()
+        return {t.name: t.proc.returncode for t in self.tasks}
+
+    def stop(self, grace_secs: float = 5.0) -> None:
+        """SIGTERM every live task, then SIGKILL what is left after `grace_secs`."""
+        live = [t.proc for t in self.tasks if t.proc is not None and t.proc.poll() is None]
+        for p in live:
+            p.terminate()
+        deadline = time.monotonic() + grace_secs
+        for p in live:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    @property
+    def chief_task(self) -> Task:
+        return next(t for t in self.tasks if t.job == CHIEF or (t.job == WORKER and t.index == 0))
+
+    def log_tail(self, task: Task, lines: int = 5) -> str:
+        try:
+            with open(task.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LogFollower:
+    """Yields the lines appended to a log file since the last call."""
+
+    def __init__(self, path: str):
+        self.path, self._offset, self._partial = path, 0, ""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, errors="replace") as f:
+                f.seek(self._offset)
+                text = f.read()
+                self._offset = f.tell()
+        except OSError:
+            return []
+        text = self._partial + text
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        return lines

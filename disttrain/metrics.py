@@ -1,0 +1,173 @@
+"""Throughput: pure math, and the session hook that feeds it to the console and TensorBoard.
+
+The math is plain functions on numbers (unit-tested); the hook only
+measures time and counts and calls them.
+
+TensorBoard layout under the log directory:
+- `<logdir>/`: the chief's cluster-wide scalars `examples/sec`,
+  `global_step/sec` and `loss`.
+- `<logdir>/tasks/<job>_<index>/`: each replica's own `examples/sec` and
+  `loss`, so a straggler shows as one slow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from disttrain.errors import DivergedError
+
+v1 = tf.compat.v1
+
+
+def rate(count: float, seconds: float) -> float:
+    """count / seconds, 0 for an empty interval."""
+    return count / seconds if seconds > 0 else 0.0
+
+
+def cluster_examples_per_sec(global_steps: float, examples_per_global_step: int, seconds: float) -> float:
+    """Whole-cluster throughput from the global step's progress."""
+    return rate(global_steps * examples_per_global_step, seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    mean: float
+    stderr: float
+    jitter: float  # median absolute deviation: robust spread of the samples
+    count: int
+
+
+def summarize(samples: Sequence[float]) -> Stats:
+    """Mean, standard error of the mean and jitter of throughput samples."""
+    x = np.asarray(samples, dtype=np.float64)
+    if x.size == 0:
+        return Stats(0.0, 0.0, 0.0, 0)
+    stderr = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
+    jitter = float(np.median(np.abs(x - np.median(x))))
+    return Stats(float(x.mean()), stderr, jitter, int(x.size))
+
+
+def scaling_efficiency(throughput: float, num_workers: int, single_process_throughput: float) -> float:
+    """throughput(N) / (N x one process alone): 1.0 is linear scaling."""
+    return rate(throughput, num_workers * single_process_throughput)
+
+
+def async_throughput(per_worker: Sequence[float]) -> float:
+    """N x the slowest worker: async speed that leaves workers behind does not count."""
+    return len(per_worker) * min(per_worker) if per_worker else 0.0
+
+
+def scalar_summary(values: dict[str, float]) -> v1.Summary:
+    return v1.Summary(value=[v1.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+
+
+@dataclasses.dataclass
+class TaskThroughput:
+    """What one replica measured; written as JSON at the end of training."""
+
+    task: str
+    local_steps: int = 0
+    global_step: int = 0
+    final_loss: float = float("nan")
+    examples_per_sec: float = 0.0  # this task, mean over intervals after the first
+    steps_per_sec: float = 0.0
+    cluster_examples_per_sec: float = 0.0  # chief only: from the global step
+    seconds: float = 0.0
+
+
+class ThroughputHook(v1.train.SessionRunHook):
+    """Counts steps; every `every_n` local steps logs and writes throughput.
+
+    Fetches the loss and global step with every step (scalars, read in
+    parallel with the step) so that a NaN is caught at the step it appears.
+    The first interval includes start-up and is left out of the means.
+    """
+
+    def __init__(
+        self,
+        task: str,
+        loss: tf.Tensor,
+        global_step: tf.Tensor,
+        examples_per_local_step: int,
+        examples_per_global_step: int,
+        every_n: int,
+        task_logdir: str | None,
+        cluster_logdir: str | None,
+        log: Callable[[str], None],
+    ):
+        self._fetches = {"loss": loss, "global_step": global_step}
+        self._per_local = examples_per_local_step
+        self._per_global = examples_per_global_step
+        self._every_n = every_n
+        self._dirs = (task_logdir, cluster_logdir)
+        self._log = log
+        self.result = TaskThroughput(task=task)
+        self._local_rates: list[float] = []
+        self._cluster_rates: list[float] = []
+
+    def begin(self):
+        self._writers = [v1.summary.FileWriter(d) if d else None for d in self._dirs]
+
+    def after_create_session(self, session, coord):
+        self._start = self._mark = time.perf_counter()
+        self._mark_step = self._mark_global = None
+
+    def before_run(self, run_context):
+        return v1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context, run_values):
+        loss, step = float(run_values.results["loss"]), int(run_values.results["global_step"])
+        if not math.isfinite(loss):
+            raise DivergedError(f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept")
+        r = self.result
+        r.local_steps += 1
+        r.global_step, r.final_loss = step, loss
+        if self._mark_global is None:
+            self._mark_global, self._mark_step = step, r.local_steps
+            self._mark = time.perf_counter()
+            return
+        if r.local_steps - self._mark_step < self._every_n:
+            return
+        now = time.perf_counter()
+        seconds = now - self._mark
+        local = rate((r.local_steps - self._mark_step) * self._per_local, seconds)
+        cluster = cluster_examples_per_sec(step - self._mark_global, self._per_global, seconds)
+        gsps = rate(step - self._mark_global, seconds)
+        self._local_rates.append(local)
+        self._cluster_rates.append(cluster)
+        task_writer, cluster_writer = self._writers
+        if task_writer:
+            task_writer.add_summary(scalar_summary({"examples/sec": local, "loss": loss}), step)
+        if cluster_writer:
+            cluster_writer.add_summary(
+                scalar_summary({"examples/sec": cluster, "global_step/sec": gsps, "loss": loss}), step
+            )
+        msg = f"{r.task} step {step}  loss {loss:.4f}  examples/sec {local:.1f} (this task)"
+        if cluster_writer:
+            msg += f"  {cluster:.1f} (cluster)  global_step/sec {gsps:.2f}"
+        self._log(msg)
+        self._mark, self._mark_step, self._mark_global = now, r.local_steps, step
+
+    def end(self, session):
+        r = self.result
+        r.seconds = time.perf_counter() - self._start
+        rates = self._local_rates[1:] or self._local_rates
+        r.examples_per_sec = summarize(rates).mean
+        r.steps_per_sec = rate(r.examples_per_sec, self._per_local)
+        cluster = self._cluster_rates[1:] or self._cluster_rates
+        r.cluster_examples_per_sec = summarize(cluster).mean if self._writers[1] else 0.0
+        for writer in self._writers:
+            if writer:
+                writer.flush()
+                writer.close()
+
+
+def task_logdir(logdir: str, job: str, index: int) -> str:
+    return os.path.join(logdir, "tasks", f"{job}_{index}")

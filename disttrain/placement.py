@@ -1,0 +1,345 @@
+"""Where every op runs: variables balanced across PS tasks by bytes, the rest on the worker.
+
+The plan is made from variable *shapes*, not from op outputs: in TF 2 graph
+mode a variable is a resource handle whose output has size 0, so load
+functions that read the output shape (as TF's old `byte_size_load_fn` did)
+put everything on ps0.
+
+Placement happens in two passes so that it can be optimal and the same on
+every task:
+
+1. `collect_variables(build_fn)` builds the model once in a scratch graph and
+   reads each variable's shape and dtype.
+2. `make_plan(specs, num_ps)` splits variables larger than a piece limit into
+   parts along their longest axis and assigns the pieces largest first to the
+   least-loaded PS. It lowers the piece limit until the most loaded PS carries
+   at most `1 + max_imbalance` times the mean. The plan is a pure function of
+   the shapes, so every task computes the same one.
+
+The real graph is then built under `DeviceSetter` (a device function) and
+`partitioning_getter` (a variable-scope custom getter that makes the planned
+variables partitioned). Variables the plan does not know (created by
+optimizers or user code) go greedily to the least-loaded PS; optimizer slots
+and update ops follow their variable through TF's colocation groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+# Ops that hold state and belong on a PS (TF's STANDARD_PS_OPS, minus removed ones).
+VARIABLE_OPS = frozenset(
+    {
+        "Variable",
+        "VariableV2",
+        "VarHandleOp",
+        "AutoReloadVariable",
+        "MutableHashTable",
+        "MutableHashTableV2",
+        "MutableHashTableOfTensors",
+        "MutableHashTableOfTensorsV2",
+        "MutableDenseHashTable",
+        "MutableDenseHashTableV2",
+    }
+)
+# Input-pipeline ops run on the worker's CPU even when it has a GPU.
+_INPUT_OP_SUFFIXES = ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4")
+_INPUT_OPS = frozenset(
+    {
+        "Iterator",
+        "IteratorV2",
+        "AnonymousIterator",
+        "AnonymousIteratorV2",
+        "AnonymousIteratorV3",
+        "MakeIterator",
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "IteratorToStringHandle",
+        "IteratorFromStringHandleV2",
+        "OptionalGetValue",
+        "DecodeJpeg",
+        "DecodeAndCropJpeg",
+        "ParseExampleV2",
+        "ParseSingleExample",
+        "TFRecordReaderV2",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableSpec:
+    """A variable's name (op name, no `:0`), shape and bytes per element."""
+
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    name: str  # the variable op's name in the built graph (`w` or `w/part_2`)
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The placement of every known variable: which PS holds each piece.
+
+    `parts[name] = (axis, num_parts)` for variables that are split;
+    `devices[op_name] = ps_task` for every piece (`w/part_i` for split ones).
+    """
+
+    num_ps: int
+    devices: Mapping[str, int]
+    parts: Mapping[str, tuple[int, int]]
+    loads: tuple[int, ...]
+
+    @property
+    def max_over_mean(self) -> float:
+        return max_over_mean(self.loads)
+
+
+def max_over_mean(loads: Sequence[float]) -> float:
+    """Load of the busiest PS over the mean load (1.0 is perfect balance)."""
+    total = sum(loads)
+    if not loads or total == 0:
+        return 1.0
+    return max(loads) / (total / len(loads))
+
+
+def _spec_from_op(op: tf.Operation) -> VariableSpec | None:
+    try:
+        shape = tf.TensorShape(op.get_attr("shape"))
+        dtype = tf.dtypes.as_dtype(op.get_attr("dtype"))
+    except ValueError:
+        return None
+    if not shape.is_fully_defined():
+        return None
+    return VariableSpec(op.name, tuple(shape.as_list()), dtype.size)
+
+
+def variable_specs(graph: tf.Graph) -> list[VariableSpec]:
+    """Shape and dtype of every variable op in `graph`, from the op's attributes."""
+    specs = []
+    for op in graph.get_operations():
+        if op.type in ("VarHandleOp", "VariableV2", "Variable"):
+            spec = _spec_from_op(op)
+            if spec is not None:
+                specs.append(spec)
+    return specs
+
+
+def collect_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
+    """Build `build_fn()` in a scratch graph and return its variables' specs."""
+    with tf.Graph().as_default() as graph:
+        build_fn()
+    return variable_specs(graph)
+
+
+def _split(spec: VariableSpec, limit: float) -> tuple[int, int]:
+    """(axis, parts) so that no part of `spec` is larger than `limit` bytes."""
+    if not spec.shape or spec.nbytes <= limit:
+        return (0, 1)
+    axis = max(range(len(spec.shape)), key=lambda a: spec.shape[a])
+    parts = min(spec.shape[axis], math.ceil(spec.nbytes / limit))
+    return (axis, max(parts, 1))
+
+
+def _pieces(spec: VariableSpec, axis: int, parts: int) -> list[Piece]:
+    if parts == 1:
+        return [Piece(spec.name, spec.nbytes)]
+    # TF's partitioned variables give the first (dim % parts) slices one extra row.
+    dim = spec.shape[axis]
+    row_bytes = spec.nbytes // dim
+    base, extra = divmod(dim, parts)
+    return [Piece(f"{spec.name}/part_{i}", (base + (i < extra)) * row_bytes) for i in range(parts)]
+
+
+def _assign(pieces: Iterable[Piece], num_ps: int) -> tuple[dict[str, int], list[int]]:
+    """Largest first onto the least-loaded PS (ties: lowest task index)."""
+    loads = [0] * num_ps
+    devices = {}
+    for piece in sorted(pieces, key=lambda p: (-p.nbytes, p.name)):
+        task = min(range(num_ps), key=lambda t: (loads[t], t))
+        devices[piece.name] = task
+        loads[task] += piece.nbytes
+    return devices, loads
+
+
+def make_plan(specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float = 0.05) -> Plan:
+    """Balance `specs` over `num_ps` tasks within `1 + max_imbalance` of the mean.
+
+    Splits as little as needed: first no variable larger than the mean load is
+    kept whole, then the piece limit halves until the balance holds (or pieces
+    can be split no further, in which case the best plan found is returned).
+    """
+    if num_ps < 1:
+        raise ValueError(f"num_ps must be >= 1, got {num_ps}")
+    total = sum(s.nbytes for s in specs)
+    mean = total / num_ps
+    best = None
+    limit = float(mean) if num_ps > 1 else math.inf
+    for _ in range(12):
+        parts = {s.name: _split(s, limit) for s in specs}
+        pieces = [p for s in specs for p in _pieces(s, *parts[s.name])]
+        devices, loads = _assign(pieces, num_ps)
+        plan = Plan(
+            num_ps=num_ps,
+            devices=devices,
+            parts={n: ap for n, ap in parts.items() if ap[1] > 1},
+            loads=tuple(loads),
+        )
+        if best is None or plan.max_over_mean < best.max_over_mean:
+            best = plan
+        if plan.max_over_mean <= 1 + max_imbalance or not math.isfinite(limit):
+            break
+        limit /= 2
+    return best
+
+
+def partitioning_getter(plan: Plan) -> Callable:
+    """A variable-scope custom getter that partitions the variables the plan splits.
+
+    A partitioner the caller gave explicitly wins.
+    """
+
+    def getter(getter, name, *args, **kwargs):
+        split = plan.parts.get(name)
+        if split is not None and kwargs.get("partitioner") is None:
+            axis, parts = split
+
+            def partitioner(shape, dtype, axis=axis, parts=parts):
+                del dtype
+                return [parts if a == axis else 1 for a in range(len(shape))]
+
+            kwargs["partitioner"] = partitioner
+        return getter(name, *args, **kwargs)
+
+    return getter
+
+
+def _colocated_op(op: tf.Operation) -> tf.Operation | None:
+    """The op that `op` must share a device with, if TF's colocation says so."""
+    own = b"loc:@" + op.name.encode()
+    for group in op.colocation_groups():
+        if group != own:
+            name = group[len(b"loc:@") :].decode()
+            try:
+                return op.graph.get_operation_by_name(name)
+            except KeyError:
+                return None
+    return None
+
+
+def _merge(default: str, own: str) -> str:
+    """The op's own device fields win; missing ones come from `default`."""
+    if not own:
+        return default
+    spec = tf.DeviceSpec.from_string(default)
+    return spec.make_merged_spec(tf.DeviceSpec.from_string(own)).to_string()
+
+
+def is_input_op(op: tf.Operation) -> bool:
+    return op.type in _INPUT_OPS or op.type.endswith(_INPUT_OP_SUFFIXES)
+
+
+class DeviceSetter:
+    """Device function: variables on their planned PS, input on worker CPU, compute on the worker device.
+
+    Give it to `graph.device(...)`. `variable_devices` are the PS tasks, or
+    for strategies without a PS the one local device that holds the
+    variables. It never moves an op whose device already names a job, and a
+    variable pinned by its creator is kept and never counted in the load
+    table. `tower(device)` switches the compute device while a tower is built.
+    """
+
+    def __init__(
+        self,
+        variable_devices: Sequence[str],
+        compute_device: str,
+        input_device: str,
+        plan: Plan | None = None,
+    ):
+        if not variable_devices:
+            raise ValueError("DeviceSetter needs at least one variable device")
+        self.variable_devices = tuple(variable_devices)
+        self.compute_device = compute_device
+        self.input_device = input_device
+        self.plan = plan
+        self.loads = [0] * len(variable_devices)  # bytes placed by this setter, per device
+
+    @contextlib.contextmanager
+    def tower(self, device: str):
+        saved, self.compute_device = self.compute_device, device
+        try:
+            yield
+        finally:
+            self.compute_device = saved
+
+    def _variable_device(self, op: tf.Operation) -> str:
+        if self.plan is not None and op.name in self.plan.devices:
+            task = self.plan.devices[op.name]
+        else:
+            task = min(range(len(self.loads)), key=lambda t: (self.loads[t], t))
+        spec = _spec_from_op(op)
+        self.loads[task] += spec.nbytes if spec else 0
+        return self.variable_devices[task]
+
+    def __call__(self, op: tf.Operation) -> str:
+        colocated = _colocated_op(op)
+        if colocated is not None:
+            return colocated.device or op.device
+        if op.type in VARIABLE_OPS:
+            if op.device and tf.DeviceSpec.from_string(op.device).job:
+                return op.device  # pinned by its creator: keep it
+            return _merge(self._variable_device(op), op.device)
+        default = self.input_device if is_input_op(op) else self.compute_device
+        return _merge(default, op.device)
+
+
+def ps_loads(graph: tf.Graph, num_ps: int, include_slots: bool = True) -> list[int]:
+    """Bytes of variables on each PS task in a built graph (the placement report).
+
+    Reads the devices actually assigned in `graph`, so it checks any device
+    setter (ours or TF's round robin), not what a plan intended.
+    """
+    loads = [0] * num_ps
+    for op in graph.get_operations():
+        if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+            continue
+        spec = tf.DeviceSpec.from_string(op.device)
+        if spec.job != "ps" or spec.task is None:
+            continue
+        if not include_slots and _colocated_op(op) is not None:
+            continue
+        var = _spec_from_op(op)
+        if var is not None:
+            loads[spec.task] += var.nbytes
+    return loads
+
+
+def format_report(loads: Sequence[int], title: str = "placement") -> str:
+    """Human-readable bytes per PS and the max/mean ratio."""
+    total = sum(loads)
+    lines = [f"{title}: {len(loads)} PS, {total / 2**20:.2f} MiB of variables"]
+    for task, load in enumerate(loads):
+        share = 100.0 * load / total if total else 0.0
+        lines.append(f"  /job:ps/task:{task}  {load / 2**20:10.2f} MiB  {share:5.1f}%")
+    lines.append(f"  busiest PS / mean = {max_over_mean(loads):.3f}")
+    return "\n".join(lines)
+
+
+def round_robin_setter(num_ps: int, worker_device: str) -> Callable:
+    """TF's default layout (`replica_device_setter`, round robin by count), for comparison."""
+    return v1.train.replica_device_setter(ps_tasks=num_ps, worker_device=worker_device, ps_device="/job:ps")

@@ -1,0 +1,212 @@
+"""What every replica strategy shares: devices, towers, placement scope, gradients.
+
+A strategy is built from a `Cluster` and used in a graph-mode model:
+
+    strategy = disttrain.AsyncParameterServer(cluster)
+    strategy.plan_placement(lambda: model(tf.zeros([1, 784])))   # optional
+    with strategy.scope():
+        train_op = strategy.minimize(optimizer, loss_fn)
+
+`loss_fn` is a callable that builds one replica's loss (and its input), called
+once per tower (one per GPU, or per virtual CPU device); a plain loss tensor
+works too when there is one tower. Subclasses decide how gradients reach the
+variables (`apply_gradients`) and which hooks and server settings that needs.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from disttrain import placement
+from disttrain.cluster import Cluster
+from disttrain.errors import ConfigError
+
+v1 = tf.compat.v1
+
+
+def visible_gpus() -> int:
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+class Strategy(abc.ABC):
+    """Base class. Subclasses set `uses_ps` and implement `apply_gradients`."""
+
+    uses_ps = True
+
+    def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
+        self.cluster = cluster
+        gpus = visible_gpus()
+        self.num_towers = num_towers or max(gpus, 1)
+        if self.num_towers < 1:
+            raise ConfigError(f"num_towers must be >= 1, got {self.num_towers}")
+        if gpus and self.num_towers > gpus:
+            raise ConfigError(f"num_towers={self.num_towers} but this task sees {gpus} GPUs")
+        self.use_gpus = gpus > 0
+        self.max_imbalance = max_imbalance
+        if self.uses_ps and not cluster.is_local and cluster.num_ps == 0:
+            raise ConfigError(f"{type(self).__name__} needs at least one 'ps' task in the cluster")
+        self.plan: placement.Plan | None = None
+        self.setter: placement.DeviceSetter | None = None
+        self.loss: tf.Tensor | None = None  # mean loss over towers, set by minimize()
+
+    # ---- devices ----------------------------------------------------
+
+    @property
+    def compute_devices(self) -> list[str]:
+        """One device per tower: this task's GPUs, else its (virtual) CPUs."""
+        kind = "GPU" if self.use_gpus else "CPU"
+        return [f"{self.cluster.task_device}/device:{kind}:{i}" for i in range(self.num_towers)]
+
+    @property
+    def input_device(self) -> str:
+        return f"{self.cluster.task_device}/device:CPU:0"
+
+    @property
+    def variable_devices(self) -> list[str]:
+        if self.uses_ps and self.cluster.num_ps:
+            return list(self.cluster.ps_devices)
+        return [self.compute_devices[0]]
+
+    # ---- placement ----------------------------------------------------
+
+    def plan_placement(self, build_fn: Callable[[], object]) -> placement.Plan | None:
+        """Balance the variables `build_fn` creates over the PS tasks by bytes.
+
+        Builds `build_fn()` in a scratch graph to read variable shapes, so call
+        it with the same variable names the real model will use. Without a plan
+        variables still go greedily by bytes, in creation order, unsplit.
+        """
+        if not (self.uses_ps and self.cluster.num_ps):
+            return None
+        specs = placement.collect_variables(build_fn)
+        self.plan = placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance)
+        return self.plan
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Variables created inside go where this strategy places them."""
+        graph = v1.get_default_graph()
+        self.setter = placement.DeviceSetter(
+            self.variable_devices, self.compute_devices[0], self.input_device, self.plan
+        )
+        getter = placement.partitioning_getter(self.plan) if self.plan else None
+        with graph.device(self.setter), v1.variable_scope(v1.get_variable_scope(), custom_getter=getter):
+            yield self
+
+    # ---- gradients ----------------------------------------------------
+
+    def _build_towers(self, loss_fn: Callable[[], tf.Tensor]):
+        """Call loss_fn once per tower; return (losses, [(grad, var)] per tower).
+
+        With several towers each variable is read once per step onto this host
+        and the towers share that copy, so a host pulls each variable once
+        however many devices it has.
+        """
+        cached: dict[str, tuple[tf.Tensor, list]] = {}
+        setter = self.setter
+
+        def caching_getter(getter, name, *args, **kwargs):
+            var = getter(name, *args, **kwargs)
+            if kwargs.get("trainable") is False:
+                return var
+            if name not in cached:
+                with setter.tower(self.compute_devices[0]), tf.name_scope("cached_read"):
+                    parts = list(var) if isinstance(var, v1.PartitionedVariable) else [var]
+                    copies = [tf.identity(p) for p in parts]
+                    if len(copies) == 1:
+                        value = copies[0]
+                    else:
+                        axis = [i for i, n in enumerate(var._get_partitions()) if n > 1][0]
+                        value = tf.concat(copies, axis=axis)
+                cached[name] = (value, list(zip(copies, parts)))
+            return cached[name][0]
+
+        losses, tower_grads = [], []
+        for i, device in enumerate(self.compute_devices):
+            with (
+                setter.tower(device),
+                tf.name_scope(f"tower_{i}"),
+                v1.variable_scope(
+                    v1.get_variable_scope(), reuse=True if i > 0 else None, custom_getter=caching_getter
+                ),
+            ):
+                loss = loss_fn()
+                copies = [pair for _, pairs in cached.items() for pair in pairs]
+                grads = tf.gradients(loss, [c for c, _ in copies])
+                tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies) if g is not None])
+                losses.append(loss)
+        return losses, tower_grads
+
+    def compute_gradients(self, optimizer, loss) -> list[tuple[tf.Tensor, tf.Variable]]:
+        """Gradients of the mean loss over this task's towers, averaged on the host."""
+        if not callable(loss):
+            if self.num_towers > 1:
+                raise ConfigError("with several towers, pass minimize() a loss function, not a tensor")
+            self.loss = loss
+            return [(g, v) for g, v in optimizer.compute_gradients(loss) if g is not None]
+        if self.num_towers == 1:
+            with self.setter.tower(self.compute_devices[0]):
+                self.loss = loss()
+            return [(g, v) for g, v in optimizer.compute_gradients(self.loss) if g is not None]
+        losses, tower_grads = self._build_towers(loss)
+        with self.setter.tower(self.compute_devices[0]), tf.name_scope("tower_mean"):
+            self.loss = tf.add_n(losses) / len(losses)
+            averaged = []
+            for pairs in zip(*tower_grads):
+                var = pairs[0][1]
+                averaged.append((tf.add_n([g for g, _ in pairs]) / len(pairs), var))
+        return averaged
+
+    def minimize(self, optimizer, loss, global_step=None) -> tf.Operation:
+        """Build the train op: gradients of `loss` applied as this strategy says.
+
+        Also runs the UPDATE_OPS (batch-norm statistics) of the first tower.
+        Call inside `scope()`.
+        """
+        if self.setter is None:
+            raise RuntimeError("call minimize() inside strategy.scope()")
+        if global_step is None:
+            global_step = v1.train.get_or_create_global_step()
+        grads_and_vars = self.compute_gradients(optimizer, loss)
+        prefix = "tower_0/" if self.num_towers > 1 else ""
+        updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
+        with tf.control_dependencies(updates):
+            return self.apply_gradients(optimizer, grads_and_vars, global_step)
+
+    @abc.abstractmethod
+    def apply_gradients(self, optimizer, grads_and_vars, global_step) -> tf.Operation:
+        """Bring this step's gradients to the variables."""
+
+    # ---- what the loop needs ----------------------------------------
+
+    def examples_per_step(self, batch_size: int) -> int:
+        """Examples consumed per increment of the global step (async: one replica's)."""
+        return batch_size * self.num_towers
+
+    def hooks(self) -> list:
+        """Session hooks this strategy needs (built after minimize())."""
+        return []
+
+    def device_filters(self) -> list[str]:
+        """Which tasks this task talks to (others are not contacted at all)."""
+        if self.cluster.is_local:
+            return []
+        return ["/job:ps", self.cluster.task_name]
+
+    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.compat.v1.ConfigProto:
+        """ConfigProto for this task's server and sessions."""
+        config = v1.ConfigProto(
+            allow_soft_placement=True,
+            intra_op_parallelism_threads=intra_op_threads,
+            inter_op_parallelism_threads=inter_op_threads,
+        )
+        config.device_filters.extend(self.device_filters())
+        if not self.use_gpus and self.num_towers > 1:
+            config.device_count["CPU"] = self.num_towers
+        if self.use_gpus:
+            config.gpu_options.allow_growth = True
+        return config
