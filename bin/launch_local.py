@@ -31,8 +31,14 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     return cli.launch_local(
-        FLAGS.gin_file, FLAGS.gin_param, FLAGS.num_ps, FLAGS.num_workers, FLAGS.chief, FLAGS.evaluator,
-        FLAGS.logdir, FLAGS.timeout,
+        FLAGS.gin_file,
+        FLAGS.gin_param,
+        FLAGS.num_ps,
+        FLAGS.num_workers,
+        FLAGS.chief,
+        FLAGS.evaluator,
+        FLAGS.logdir,
+        FLAGS.timeout,
     )
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Start any role of a disttrain cluster: ps, worker, chief or evaluator.
 
-    python bin/train.py --gin_file=gin/mlp_async.gin --job=worker --task=1   # cluster in TF_CONFIG
-    python bin/train.py --gin_file=gin/mlp_async.gin                          # no cluster: trains alone
-    python bin/train.py --gin_file=gin/mlp_async.gin --dry_run                # what it would do
+python bin/train.py --gin_file=gin/mlp_async.gin --job=worker --task=1   # cluster in TF_CONFIG
+python bin/train.py --gin_file=gin/mlp_async.gin                          # no cluster: trains alone
+python bin/train.py --gin_file=gin/mlp_async.gin --dry_run                # what it would do
 """
 
 import os
@@ -18,7 +18,7 @@ from disttrain import cli  # noqa: E402
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order (later ones override).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, e.g. 'TrainConfig.train_steps=100'.")
-flags.DEFINE_enum("job", None, ["ps", "worker", "chief", "evaluator", "master"], "This task's job.")
+flags.DEFINE_string("job", None, "This task's job: ps, worker, chief or evaluator (default: from TF_CONFIG).")
 flags.DEFINE_integer("task", None, "This task's index within its job.")
 flags.DEFINE_list("ps_hosts", [], "host:port of each PS task (instead of TF_CONFIG).")
 flags.DEFINE_list("worker_hosts", [], "host:port of each worker task (instead of TF_CONFIG).")

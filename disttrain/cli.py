@@ -69,7 +69,7 @@ def train_config(gin_files, gin_params) -> TrainConfig:
         return configurables.train_config().validate()
     except DisttrainError as e:
         fail(str(e), e.exit_code)
-    except (ValueError, TypeError, KeyError, OSError, gin.config.ParseError) as e:
+    except Exception as e:  # noqa: BLE001  anything gin or a constructor raises is a config error
         fail(f"bad gin config: {_gin_error(e)}")
 
 
@@ -111,7 +111,9 @@ def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, l
     if not gin_files:
         fail("no --gin_file given: pass one, e.g. --gin_file=gin/mlp_async.gin")
     if num_workers < (0 if chief else 1) or num_ps < 0:
-        fail(f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}")
+        fail(
+            f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}"
+        )
     cluster = local.LocalCluster(gin_files, logdir, num_ps, num_workers, chief, evaluator, gin_params)
     follower = local.LogFollower(cluster.chief_task.log_path)
 
@@ -134,8 +136,10 @@ def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, l
     if cluster.failed:
         task = cluster.failed[0]
         print(cluster.log_tail(task), file=sys.stderr, end="")
-        fail(f"{task.name} failed with exit code {task.proc.returncode}; every task stopped; log: {task.log_path}",
-             task.proc.returncode if 0 < task.proc.returncode < 256 else 1)
+        fail(
+            f"{task.name} failed with exit code {task.proc.returncode}; every task stopped; log: {task.log_path}",
+            task.proc.returncode if 0 < task.proc.returncode < 256 else 1,
+        )
     print(summary(launch.read_results(logdir), codes, logdir), flush=True)
     return 0
 
@@ -146,11 +150,15 @@ def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str
     total = 0.0
     for name, r in results.items():
         total += r["examples_per_sec"]
-        lines.append(f"  {name:14s} {r['local_steps']:7d} {r['examples_per_sec']:13.1f} {r['final_loss']:11.4f}")
+        lines.append(
+            f"  {name:14s} {r['local_steps']:7d} {r['examples_per_sec']:13.1f} {r['final_loss']:11.4f}"
+        )
     chief = [r for r in results.values() if r["cluster_examples_per_sec"]]
     if chief:
-        lines.append(f"  global step {chief[0]['global_step']}, cluster examples/sec "
-                     f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)")
+        lines.append(
+            f"  global step {chief[0]['global_step']}, cluster examples/sec "
+            f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)"
+        )
     lines.append(f"  sum over tasks: {total:.1f} examples/sec")
     lines.append(f"  exit codes: " + ", ".join(f"{n} {c}" for n, c in codes.items()))
     lines.append(f"  logs: {logdir}/logs   TensorBoard: tensorboard --logdir={logdir}")

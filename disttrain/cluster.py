@@ -113,7 +113,9 @@ class Cluster:
         if isinstance(index, str) and index.isdigit():
             index = int(index)
         if not isinstance(task_type, str):
-            raise ConfigError("malformed TF_CONFIG: task.type missing (expected ps, worker, chief or evaluator)")
+            raise ConfigError(
+                "malformed TF_CONFIG: task.type missing (expected ps, worker, chief or evaluator)"
+            )
         return cls(jobs=jobs, task_type=task_type, task_index=index)
 
     @classmethod

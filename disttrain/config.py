@@ -50,5 +50,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
-            raise ConfigError(f"TrainConfig.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
+            raise ConfigError(
+                f"TrainConfig.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}"
+            )
         return self

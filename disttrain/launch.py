@@ -53,7 +53,12 @@ def start_server(cluster: Cluster, config: v1.ConfigProto) -> tf.distribute.Serv
     check_port_free(cluster)
     spec = tf.train.ClusterSpec(cluster.as_dict())
     return tf.distribute.Server(
-        spec, job_name=cluster.task_type, task_index=cluster.task_index, config=config, protocol="grpc", start=True
+        spec,
+        job_name=cluster.task_type,
+        task_index=cluster.task_index,
+        config=config,
+        protocol="grpc",
+        start=True,
     )
 
 
@@ -112,7 +117,9 @@ def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0) -> No
     if not cluster.num_ps:
         return
     with tf.Graph().as_default() as graph:
-        ops = [_done_queue(i, cluster.num_replicas).enqueue(cluster.replica_index) for i in range(cluster.num_ps)]
+        ops = [
+            _done_queue(i, cluster.num_replicas).enqueue(cluster.replica_index) for i in range(cluster.num_ps)
+        ]
         config = v1.ConfigProto(device_filters=["/job:ps", cluster.task_name])
         with v1.Session(target, graph=graph, config=config) as session:
             for i, op in enumerate(ops):
@@ -194,7 +201,9 @@ def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built,
         features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
         logits = model(features, training=False)
         loss = model.loss(logits, labels)
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+        accuracy = tf.reduce_mean(
+            tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+        )
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         writer = v1.summary.FileWriter(eval_dir)
@@ -205,7 +214,9 @@ def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built,
                 step = int(session.run(global_step))
             mean_loss = sum(v[0] for v in values) / len(values)
             mean_acc = sum(v[1] for v in values) / len(values)
-            writer.add_summary(metrics.scalar_summary({"eval/loss": mean_loss, "eval/accuracy": mean_acc}), step)
+            writer.add_summary(
+                metrics.scalar_summary({"eval/loss": mean_loss, "eval/accuracy": mean_acc}), step
+            )
             writer.flush()
             log_fn(f"evaluator: step {step}  eval loss {mean_loss:.4f}  accuracy {mean_acc:.3f}")
             if step >= config.train_steps:

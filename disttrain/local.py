@@ -154,10 +154,14 @@ class LocalCluster:
         try:
             while True:
                 codes = self.poll()
-                if any(c not in (None, 0) for c in codes.values()) or all(c is not None for c in codes.values()):
+                if any(c not in (None, 0) for c in codes.values()) or all(
+                    c is not None for c in codes.values()
+                ):
                     break
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs")
+                    raise TimeoutError(
+                        f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs"
+                    )
                 if on_tick:
                     on_tick()
                 time.sleep(0.2)

@@ -113,7 +113,8 @@ class ThroughputHook(v1.train.SessionRunHook):
         self._cluster_rates: list[float] = []
 
     def begin(self):
-        self._writers = [v1.summary.FileWriter(d) if d else None for d in self._dirs]
+        # The cache shares one event file per directory with TF's checkpoint hook.
+        self._writers = [v1.summary.FileWriterCache.get(d) if d else None for d in self._dirs]
 
     def after_create_session(self, session, coord):
         self._start = self._mark = time.perf_counter()
@@ -125,7 +126,9 @@ class ThroughputHook(v1.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         loss, step = float(run_values.results["loss"]), int(run_values.results["global_step"])
         if not math.isfinite(loss):
-            raise DivergedError(f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept")
+            raise DivergedError(
+                f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept"
+            )
         r = self.result
         r.local_steps += 1
         r.global_step, r.final_loss = step, loss
@@ -163,10 +166,10 @@ class ThroughputHook(v1.train.SessionRunHook):
         r.steps_per_sec = rate(r.examples_per_sec, self._per_local)
         cluster = self._cluster_rates[1:] or self._cluster_rates
         r.cluster_examples_per_sec = summarize(cluster).mean if self._writers[1] else 0.0
+        r.global_step = int(session.run(self._fetches["global_step"]))
         for writer in self._writers:
             if writer:
                 writer.flush()
-                writer.close()
 
 
 def task_logdir(logdir: str, job: str, index: int) -> str:

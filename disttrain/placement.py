@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
+# Not exported by tf.compat.v1 in TF 2.21, but what get_variable returns when partitioned.
+from tensorflow.python.ops.variables import PartitionedVariable
+
 v1 = tf.compat.v1
 
 # Ops that hold state and belong on a PS (TF's STANDARD_PS_OPS, minus removed ones).
@@ -227,6 +230,11 @@ def partitioning_getter(plan: Plan) -> Callable:
         return getter(name, *args, **kwargs)
 
     return getter
+
+
+def variable_parts(var) -> list:
+    """The variables a (possibly partitioned) variable is made of, in order."""
+    return list(var) if isinstance(var, PartitionedVariable) else [var]
 
 
 def _colocated_op(op: tf.Operation) -> tf.Operation | None:

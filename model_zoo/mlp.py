@@ -11,7 +11,9 @@ from model_zoo.registry import register
 
 @register("mlp")
 class MLP(Model):
-    def __init__(self, input_dim: int = 256, hidden_sizes: tuple[int, ...] = (4096, 4096), num_classes: int = 256):
+    def __init__(
+        self, input_dim: int = 256, hidden_sizes: tuple[int, ...] = (4096, 4096), num_classes: int = 256
+    ):
         self.input_shape = (input_dim,)
         self.hidden_sizes = tuple(hidden_sizes)
         self.num_classes = num_classes

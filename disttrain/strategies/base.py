@@ -115,13 +115,12 @@ class Strategy(abc.ABC):
                 return var
             if name not in cached:
                 with setter.tower(self.compute_devices[0]), tf.name_scope("cached_read"):
-                    parts = list(var) if isinstance(var, v1.PartitionedVariable) else [var]
+                    parts = placement.variable_parts(var)
                     copies = [tf.identity(p) for p in parts]
                     if len(copies) == 1:
                         value = copies[0]
                     else:
-                        axis = [i for i, n in enumerate(var._get_partitions()) if n > 1][0]
-                        value = tf.concat(copies, axis=axis)
+                        value = tf.concat(copies, axis=self.plan.parts[name][0])
                 cached[name] = (value, list(zip(copies, parts)))
             return cached[name][0]
 
@@ -135,7 +134,7 @@ class Strategy(abc.ABC):
                 ),
             ):
                 loss = loss_fn()
-                copies = [pair for _, pairs in cached.items() for pair in pairs]
+                copies = [pair for _, pairs in cached.values() for pair in pairs]
                 grads = tf.gradients(loss, [c for c, _ in copies])
                 tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies) if g is not None])
                 losses.append(loss)

@@ -1,0 +1,62 @@
+"""Running real local clusters in tests: bounded in time, logs kept, always cleaned up."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing import event_accumulator
+
+from disttrain.local import REPO, LocalCluster
+
+TINY = "gin/testing/tiny.gin"
+TRAIN_PY = os.path.join(REPO, "bin", "train.py")
+
+
+def run_cluster(tmp_path, gin_files, timeout=240, **kwargs) -> tuple[LocalCluster, dict[str, int]]:
+    """Start a LocalCluster, wait for it (bounded), return it and every task's exit code."""
+    cluster = LocalCluster(gin_files, str(tmp_path / "logdir"), **kwargs).start()
+    try:
+        codes = cluster.wait(timeout=timeout)
+    finally:
+        cluster.stop()
+    return cluster, codes
+
+
+def describe_failure(cluster: LocalCluster) -> str:
+    """Every task's log tail, for an assertion message."""
+    return "\n".join(f"--- {t.name} ({t.log_path})\n{cluster.log_tail(t, 25)}" for t in cluster.tasks)
+
+
+def scalars(directory: str, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a scalar tag in the event files directly in `directory`."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        acc = event_accumulator.EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            out += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return sorted(out)
+
+
+def results(logdir: str) -> dict[str, dict]:
+    out = {}
+    for path in glob.glob(os.path.join(logdir, "tasks", "*", "result.json")):
+        with open(path) as f:
+            out[os.path.basename(os.path.dirname(path))] = json.load(f)
+    return out
+
+
+def train_py(args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """Run bin/train.py once with `args`; output captured as text."""
+    return subprocess.run(
+        [sys.executable, TRAIN_PY, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=dict(os.environ if env is None else env),
+    )

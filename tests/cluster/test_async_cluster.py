@@ -1,0 +1,69 @@
+"""A real cluster: PS and workers as separate processes on loopback, trained to a set step."""
+
+import os
+
+import pytest
+import tensorflow as tf
+
+from tests.cluster.helpers import TINY, describe_failure, results, run_cluster, scalars
+
+pytestmark = pytest.mark.cluster
+
+MLP = ["gin/mlp_async.gin", TINY]
+
+
+def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
+    cluster, codes = run_cluster(
+        tmp_path,
+        MLP,
+        num_ps=2,
+        num_workers=2,
+        gin_params=["TrainConfig.train_steps=40", "TrainConfig.log_every_steps=4"],
+    )
+    assert all(code == 0 for code in codes.values()), describe_failure(cluster) + str(codes)
+    logdir = cluster.logdir
+
+    losses = scalars(logdir, "loss")
+    assert len(losses) >= 2, describe_failure(cluster)
+    assert losses[-1][1] < losses[0][1], losses  # the loss falls
+    assert scalars(logdir, "examples/sec") and scalars(logdir, "global_step/sec")
+    for worker in ("worker_0", "worker_1"):  # each worker's own throughput
+        assert scalars(os.path.join(logdir, "tasks", worker), "examples/sec")
+
+    step = tf.train.load_checkpoint(logdir).get_tensor("global_step")
+    assert step >= 40
+    assert os.path.exists(os.path.join(logdir, "operative_config.gin"))
+    r = results(logdir)
+    assert set(r) == {"worker_0", "worker_1"} and all(x["local_steps"] > 0 for x in r.values())
+    chief_log = open(cluster.chief_task.log_path).read()
+    assert "busiest PS / mean" in chief_log  # the placement report, printed by the chief
+
+
+def test_restart_resumes_from_the_latest_checkpoint(tmp_path):
+    first, codes = run_cluster(
+        tmp_path, MLP, num_ps=1, num_workers=1, gin_params=["TrainConfig.train_steps=20"]
+    )
+    assert set(codes.values()) == {0}, describe_failure(first)
+    step1 = tf.train.load_checkpoint(first.logdir).get_tensor("global_step")
+    second, codes = run_cluster(
+        tmp_path, MLP, num_ps=1, num_workers=1, gin_params=["TrainConfig.train_steps=30"]
+    )
+    assert set(codes.values()) == {0}, describe_failure(second)
+    assert tf.train.load_checkpoint(second.logdir).get_tensor("global_step") >= 30
+    # It went on from the checkpoint, not from 0: it ran only the remaining steps.
+    assert results(second.logdir)["worker_0"]["local_steps"] <= 30 - step1 + 1
+
+
+def test_separate_chief_and_evaluator(tmp_path):
+    cluster, codes = run_cluster(
+        tmp_path,
+        MLP,
+        num_ps=1,
+        num_workers=1,
+        chief=True,
+        evaluator=True,
+        gin_params=["TrainConfig.train_steps=30"],
+    )
+    assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
+    assert set(results(cluster.logdir)) == {"chief_0", "worker_0"}
+    assert scalars(os.path.join(cluster.logdir, "eval"), "eval/loss")
