@@ -23,7 +23,7 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF}"],
         "gpu": [f"tensorflow[and-cuda]=={TF}"],
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "ruff>=0.6", "psutil>=5.9,<8"],
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "ruff>=0.6", "psutil>=5.9,<8", "pyyaml>=6,<7"],
         "bench": ["matplotlib>=3.8,<4"],
     },
 )

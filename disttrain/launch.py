@@ -263,6 +263,10 @@ def dry_run(cluster: Cluster, config: TrainConfig) -> str:
         lines.append(placement.format_report(loads, "placement plan (variables per PS)"))
         for name, (axis, parts) in sorted(strategy.plan.parts.items()):
             lines.append(f"  split {name} into {parts} parts along axis {axis}")
+        for task in range(view.num_ps):
+            names = sorted(n for n, t in strategy.plan.devices.items() if t == task)
+            more = f" (+{len(names) - 6} more)" if len(names) > 6 else ""
+            lines.append(f"  /job:ps/task:{task}: {', '.join(names[:6])}{more}")
     return "\n".join(lines)
 
 

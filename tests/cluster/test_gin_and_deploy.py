@@ -1,0 +1,59 @@
+"""Every shipped config runs, and the TFJob manifest's commands parse with bin/train.py."""
+
+import glob
+import json
+import os
+
+import pytest
+import yaml
+
+from disttrain.local import REPO
+from tests.cluster.helpers import TINY, train_py
+
+pytestmark = pytest.mark.cluster
+
+EXPERIMENTS = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "gin", "*.gin")))
+
+
+def test_gin_folder_is_not_a_python_package():
+    # gin/__init__.py would shadow the gin-config library for anything run from the repo root.
+    assert not glob.glob(os.path.join(REPO, "gin", "**", "__init__.py"), recursive=True)
+    assert len(EXPERIMENTS) >= 2
+
+
+@pytest.mark.parametrize("gin_file", EXPERIMENTS)
+def test_every_shipped_config_trains_with_the_tiny_overlay(gin_file, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    r = train_py(
+        [f"--gin_file={gin_file}", f"--gin_file={TINY}", f"--logdir={tmp_path}"], env=env, timeout=300
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "finished:" in r.stdout, r.stdout[-3000:]
+
+
+def operator_tf_config(replica_specs, task_type, index, job="disttrain-mlp"):
+    """TF_CONFIG as Kubeflow's training operator writes it (lower-case types, service DNS names)."""
+    cluster = {
+        kind.lower(): [f"{job}-{kind.lower()}-{i}.default.svc:2222" for i in range(spec["replicas"])]
+        for kind, spec in replica_specs.items()
+    }
+    return json.dumps(
+        {"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"}
+    )
+
+
+def test_tfjob_manifest_commands_parse_with_dry_run():
+    with open(os.path.join(REPO, "deploy", "tfjob.yaml")) as f:
+        manifest = yaml.safe_load(f)
+    specs = manifest["spec"]["tfReplicaSpecs"]
+    assert set(specs) == {"Chief", "PS", "Worker"}
+    for kind, spec in specs.items():
+        (container,) = spec["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[:2] == ["python", "bin/train.py"]
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env["TF_CONFIG"] = operator_tf_config(specs, kind.lower(), spec["replicas"] - 1)
+        r = train_py(command[2:] + ["--dry_run"], env=env)
+        assert r.returncode == 0, (kind, r.stderr[-3000:])
+        assert f"role: {kind.lower()}" in r.stdout, r.stdout
+        assert "busiest PS / mean" in r.stdout and "operative gin config" in r.stdout

@@ -1,0 +1,24 @@
+"""The README's code runs as written (in one local process)."""
+
+import os
+import re
+
+import tensorflow as tf
+
+from disttrain.local import REPO
+
+
+def python_blocks():
+    with open(os.path.join(REPO, "README.md")) as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+
+
+def test_own_model_example_trains(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    blocks = python_blocks()
+    assert blocks
+    for code in blocks:
+        with tf.Graph().as_default():
+            namespace = {}
+            exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102
+            assert namespace["train_op"] is not None
