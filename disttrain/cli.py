@@ -153,7 +153,7 @@ def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str
         lines.append(
             f"  {name:14s} {r['local_steps']:7d} {r['examples_per_sec']:13.1f} {r['final_loss']:11.4f}"
         )
-    chief = [r for r in results.values() if r["cluster_examples_per_sec"]]
+    chief = [r for r in results.values() if r.get("chief")]
     if chief:
         lines.append(
             f"  global step {chief[0]['global_step']}, cluster examples/sec "

@@ -73,6 +73,7 @@ class TaskThroughput:
     """What one replica measured; written as JSON at the end of training."""
 
     task: str
+    chief: bool = False
     local_steps: int = 0
     global_step: int = 0
     final_loss: float = float("nan")
@@ -108,7 +109,7 @@ class ThroughputHook(v1.train.SessionRunHook):
         self._every_n = every_n
         self._dirs = (task_logdir, cluster_logdir)
         self._log = log
-        self.result = TaskThroughput(task=task)
+        self.result = TaskThroughput(task=task, chief=cluster_logdir is not None)
         self._local_rates: list[float] = []
         self._cluster_rates: list[float] = []
 
@@ -132,9 +133,10 @@ class ThroughputHook(v1.train.SessionRunHook):
         r = self.result
         r.local_steps += 1
         r.global_step, r.final_loss = step, loss
-        if self._mark_global is None:
+        if self._mark_global is None:  # the first step includes start-up: measure from its end
             self._mark_global, self._mark_step = step, r.local_steps
             self._mark = time.perf_counter()
+            self._first = (self._mark, r.local_steps, step)
             return
         if r.local_steps - self._mark_step < self._every_n:
             return
@@ -160,13 +162,22 @@ class ThroughputHook(v1.train.SessionRunHook):
 
     def end(self, session):
         r = self.result
-        r.seconds = time.perf_counter() - self._start
-        rates = self._local_rates[1:] or self._local_rates
-        r.examples_per_sec = summarize(rates).mean
-        r.steps_per_sec = rate(r.examples_per_sec, self._per_local)
-        cluster = self._cluster_rates[1:] or self._cluster_rates
-        r.cluster_examples_per_sec = summarize(cluster).mean if self._writers[1] else 0.0
+        now = time.perf_counter()
+        r.seconds = now - self._start
         r.global_step = int(session.run(self._fetches["global_step"]))
+        if self._mark_global is None:
+            return
+        # Mean of the logged intervals after the first; a run too short for two
+        # intervals is measured whole, from the end of its first step.
+        start, first_local, first_global = self._first
+        if len(self._local_rates) >= 2:
+            r.examples_per_sec = summarize(self._local_rates[1:]).mean
+            cluster = summarize(self._cluster_rates[1:]).mean
+        else:
+            r.examples_per_sec = rate((r.local_steps - first_local) * self._per_local, now - start)
+            cluster = cluster_examples_per_sec(r.global_step - first_global, self._per_global, now - start)
+        r.steps_per_sec = rate(r.examples_per_sec, self._per_local)
+        r.cluster_examples_per_sec = cluster if r.chief else 0.0
         for writer in self._writers:
             if writer:
                 writer.flush()

@@ -1,0 +1,94 @@
+"""bin/launch_local.py as a user runs it: summary, failure propagation, Ctrl-C, no orphans."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from disttrain.local import REPO
+from tests.cluster.helpers import TINY
+
+pytestmark = pytest.mark.cluster
+
+LAUNCH = [
+    sys.executable,
+    os.path.join(REPO, "bin", "launch_local.py"),
+    "--gin_file=gin/mlp_async.gin",
+    f"--gin_file={TINY}",
+]
+
+
+def env():
+    return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+
+
+def test_runs_and_summarises(tmp_path):
+    r = subprocess.run(
+        LAUNCH + ["--num_ps=1", "--num_workers=2", f"--logdir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=env(),
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "summary:" in r.stdout and "cluster examples/sec" in r.stdout
+    assert "/job:ps/task:0 0" in r.stdout  # the PS exited 0 by itself
+    assert os.path.exists(tmp_path / "logs" / "worker_1.log")
+
+
+def test_a_failing_task_stops_everything_and_is_named(tmp_path):
+    # No PS for an async PS strategy: every replica fails at start with a configuration error.
+    r = subprocess.run(
+        LAUNCH + ["--num_ps=0", "--num_workers=2", f"--logdir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env(),
+    )
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("disttrain: error: /job:worker/task:") and "failed with exit code 2" in last, last
+    assert "needs at least one 'ps' task" in r.stderr
+
+
+def test_ctrl_c_stops_every_task_and_leaves_no_orphans(tmp_path):
+    launcher = subprocess.Popen(
+        LAUNCH
+        + [
+            "--num_ps=1",
+            "--num_workers=1",
+            "--gin_param=TrainConfig.train_steps=100000",
+            f"--logdir={tmp_path}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env(),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while (
+            time.monotonic() < deadline
+            and "step " not in (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
+            if (tmp_path / "logs" / "worker_0.log").exists()
+            else time.monotonic() < deadline
+        ):
+            time.sleep(0.5)
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(children) >= 2
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == 130, err[-2000:]
+        assert "interrupted" in err
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
