@@ -19,7 +19,7 @@ import tensorflow as tf
 import model_zoo
 from disttrain import strategies
 from disttrain.config import TrainConfig
-from model_zoo import inputs
+from model_zoo import imagenet, inputs
 
 v1 = tf.compat.v1
 
@@ -42,6 +42,7 @@ def register_all() -> None:
     gin.external_configurable(v1.train.RMSPropOptimizer, "RMSProp")
     gin.external_configurable(inputs.synthetic, "synthetic_input")
     gin.external_configurable(inputs.tfrecord, "tfrecord_input")
+    gin.external_configurable(imagenet.imagenet, "imagenet_input")
 
 
 def train_config() -> TrainConfig:
