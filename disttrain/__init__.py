@@ -3,7 +3,8 @@
 The public API:
 - `Cluster`: the whole cluster from one task's point of view.
 - `TrainConfig`: a training run (model, strategy, optimizer, input, steps).
-- Replica strategies: `AsyncParameterServer` (and the base `Strategy`).
+- Replica strategies: `AsyncParameterServer`, `SyncParameterServer`,
+  `SyncAllReduce` (and the base `Strategy`).
 - `train(cluster, config, logdir)`: the whole life of one task, any role.
 - `DisttrainError`: what ends a task, with its exit code.
 """
@@ -17,6 +18,20 @@ from disttrain.cluster import Cluster  # noqa: E402
 from disttrain.config import TrainConfig  # noqa: E402
 from disttrain.errors import DisttrainError  # noqa: E402
 from disttrain.launch import run as train  # noqa: E402
-from disttrain.strategies import AsyncParameterServer, Strategy  # noqa: E402
+from disttrain.strategies import (  # noqa: E402
+    AsyncParameterServer,
+    Strategy,
+    SyncAllReduce,
+    SyncParameterServer,
+)
 
-__all__ = ["AsyncParameterServer", "Cluster", "DisttrainError", "Strategy", "TrainConfig", "train"]
+__all__ = [
+    "AsyncParameterServer",
+    "Cluster",
+    "DisttrainError",
+    "Strategy",
+    "SyncAllReduce",
+    "SyncParameterServer",
+    "TrainConfig",
+    "train",
+]

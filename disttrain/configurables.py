@@ -8,7 +8,7 @@ itself never reads gin. Names in .gin files:
 - strategies by class name: `@AsyncParameterServer`, ... (uncalled: the
   launcher calls them with the cluster)
 - optimizers: `@Adam`, `@SGD`, `@Momentum`, `@RMSProp` (uncalled)
-- inputs: `@synthetic_input`, `@tfrecord_input` (uncalled)
+- inputs: `@synthetic_input`, `@tfrecord_input`, `@sequence_input` (uncalled)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def register_all() -> None:
     gin.external_configurable(v1.train.RMSPropOptimizer, "RMSProp")
     gin.external_configurable(inputs.synthetic, "synthetic_input")
     gin.external_configurable(inputs.tfrecord, "tfrecord_input")
+    gin.external_configurable(inputs.sequence, "sequence_input")
     gin.external_configurable(imagenet.imagenet, "imagenet_input")
 
 

@@ -120,7 +120,7 @@ def train(
         )
         hooks = [v1.train.StopAtStepHook(last_step=config.train_steps), hook, *strategy.hooks()]
         saver = v1.train.Saver(max_to_keep=config.keep_checkpoints, sharded=True)
-        scaffold = v1.train.Scaffold(saver=saver)
+        scaffold = strategy.scaffold(saver)
         if on_built is not None:
             on_built(built)
         if cluster.is_chief:

@@ -68,3 +68,21 @@ def tfrecord(
         dataset = dataset.shuffle(shuffle_buffer, seed=seed)
     dataset = dataset.repeat().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+def sequence(model, batch_size: int, replica_index: int = 0, num_replicas: int = 1, seed: int = 0):
+    """A fixed batch, split between replicas: for testing that N replicas equal one big batch.
+
+    The cluster's batch has num_replicas x batch_size rows, a pure function of
+    its shape and `seed`; replica r gets rows [r*b, (r+1)*b), repeated every
+    step. N replicas at batch b therefore see exactly the rows one process
+    sees at batch N*b.
+    """
+    rows = batch_size * num_replicas
+    features = tf.random.stateless_uniform(
+        (rows,) + tuple(model.input_shape), seed=[seed, 1], dtype=tf.float32
+    )
+    labels = tf.random.stateless_uniform((rows,), seed=[seed, 2], maxval=model.num_classes, dtype=tf.int32)
+    begin = replica_index * batch_size
+    batch = (features[begin : begin + batch_size], labels[begin : begin + batch_size])
+    return tf.data.Dataset.from_tensors(batch).repeat()

@@ -190,6 +190,14 @@ class Strategy(abc.ABC):
         """Session hooks this strategy needs (built after minimize())."""
         return []
 
+    def scaffold(self, saver=None) -> tf.compat.v1.train.Scaffold:
+        """The session scaffold (init, ready and local-init ops) for this task (after minimize()).
+
+        The default waits for the chief to initialise shared variables;
+        strategies whose replicas hold their own variables override it.
+        """
+        return v1.train.Scaffold(saver=saver)
+
     def device_filters(self) -> list[str]:
         """Which tasks this task talks to (others are not contacted at all)."""
         if self.cluster.is_local:

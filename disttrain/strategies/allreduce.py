@@ -1,0 +1,259 @@
+"""Synchronous all-reduce: every replica holds the variables; gradients are summed between replicas.
+
+No parameter servers. Each replica (the chief and the workers) keeps its own
+copy of every variable on its first compute device. A step averages the
+gradients of all replicas with collective all-reduce (a ring on CPUs) and
+every replica applies the same update, so the copies stay identical. The
+gradients are fused into buckets of about `bucket_bytes` (flatten, concat,
+reduce, split) so that a model of many small tensors costs a few large
+transfers, and may travel in 16 bits (cast before, cast back to float32 and
+divided by N after).
+
+Start-up: the chief initialises or restores its variables and broadcasts all
+of them (optimizer slots and the global step included) to the other
+replicas, which initialise their own copies and overwrite them with what
+they receive. Only the chief saves checkpoints; its copy is the model.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from disttrain.errors import ConfigError
+from disttrain.strategies.base import Strategy
+
+v1 = tf.compat.v1
+
+GROUP_KEY = 1
+_TRANSFER_DTYPES = {None: None, "float32": None, "float16": tf.float16, "bfloat16": tf.bfloat16}
+# Collective broadcast kernels exist for these dtypes only.
+_BROADCAST_DTYPES = (tf.float32, tf.float64, tf.float16, tf.int32, tf.int64, tf.bool)
+
+
+def make_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Split tensor indices, in the given order, into consecutive buckets of about `bucket_bytes`.
+
+    A bucket is closed once it holds at least `bucket_bytes`; a tensor larger
+    than that gets a bucket of its own.
+    """
+    buckets, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        if current and size + n > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _flatten(tensors):
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+def _unflatten(flat, shapes: list[tf.TensorShape]):
+    sizes = [shape.num_elements() for shape in shapes]
+    return [tf.reshape(p, shape) for p, shape in zip(tf.split(flat, sizes), shapes, strict=True)]
+
+
+def all_reduce_mean(
+    grads: list[tf.Tensor],
+    group_size: int,
+    bucket_bytes: int,
+    transfer_dtype: tf.DType | None = None,
+    instance_keys=None,
+    group_key: int = GROUP_KEY,
+    communication_hint: str = "auto",
+) -> list[tf.Tensor]:
+    """The mean of `grads` over `group_size` replicas, built for one replica on the current device.
+
+    Every replica must call this with tensors of the same shapes and dtypes in
+    the same order, and the same `instance_keys` (an iterator of ints), so
+    that their collectives pair up. Buckets are reduced last-variable first
+    (the order backprop produces them) and one after the other.
+    """
+    if group_size == 1:
+        return list(grads)
+    keys = instance_keys if instance_keys is not None else itertools.count(1)
+    out: list[tf.Tensor | None] = [None] * len(grads)
+    order = list(reversed(range(len(grads))))
+    by_dtype: dict[tf.DType, list[int]] = {}
+    for i in order:
+        by_dtype.setdefault(grads[i].dtype, []).append(i)
+    previous = None
+    for dtype, indices in by_dtype.items():
+        sizes = [grads[i].shape.num_elements() * dtype.size for i in indices]
+        for bucket in make_buckets(sizes, bucket_bytes):
+            members = [indices[k] for k in bucket]
+            key = next(keys)
+            with tf.name_scope(f"allreduce_bucket_{key}"):
+                flat = _flatten([grads[i] for i in members])
+                if transfer_dtype is not None and dtype == tf.float32:
+                    flat = tf.cast(flat, transfer_dtype)
+                with tf.control_dependencies([previous] if previous is not None else []):
+                    summed = tf.raw_ops.CollectiveReduceV2(
+                        input=flat,
+                        group_size=group_size,
+                        group_key=group_key,
+                        instance_key=key,
+                        ordering_token=[],
+                        merge_op="Add",
+                        final_op="Id",
+                        communication_hint=communication_hint,
+                    )
+                previous = summed
+                mean = tf.cast(summed, dtype) / tf.constant(group_size, dtype)
+                for i, part in zip(members, _unflatten(mean, [grads[i].shape for i in members]), strict=True):
+                    out[i] = part
+    return out
+
+
+class SyncAllReduce(Strategy):
+    """Every replica holds the variables; gradients are averaged by collective all-reduce.
+
+    bucket_bytes: gradients are fused into buckets of about this many bytes
+      (of float32 gradient) before each all-reduce.
+    transfer_dtype: None (float32), 'float16' or 'bfloat16': float32
+      gradients travel in this type (half the bytes); the sum is cast back to
+      float32 and divided by N there.
+    communication_hint: 'auto', 'ring' or 'nccl' (GPUs), given to the collectives.
+
+    One increment of the global step consumes N x batch x towers examples.
+    The cluster needs no 'ps' job. Every task's server and session must use
+    `config()` (it names the collective group leader, without which
+    collectives hang), and sessions must use `scaffold()`.
+    """
+
+    uses_ps = False
+
+    def __init__(
+        self,
+        cluster,
+        bucket_bytes: int = 4 * 2**20,
+        transfer_dtype: str | None = None,
+        num_towers: int | None = None,
+        communication_hint: str = "auto",
+    ):
+        super().__init__(cluster, num_towers)
+        if transfer_dtype not in _TRANSFER_DTYPES:
+            raise ConfigError(
+                f"transfer_dtype={transfer_dtype!r}: expected one of None, 'float32', 'float16', 'bfloat16'"
+            )
+        if bucket_bytes < 1:
+            raise ConfigError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        self.bucket_bytes = int(bucket_bytes)
+        self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
+        self.communication_hint = communication_hint
+        self._keys = None
+
+    @property
+    def group_size(self) -> int:
+        return 1 if self.cluster.is_local else self.cluster.num_replicas
+
+    @property
+    def leader(self) -> str:
+        """The collective group leader: the first replica's task (the chief)."""
+        job, index = self.cluster.replica_jobs[0]
+        return f"/job:{job}/replica:0/task:{index}"
+
+    def examples_per_step(self, batch_size: int) -> int:
+        return self.group_size * batch_size * self.num_towers
+
+    def apply_gradients(self, optimizer, grads_and_vars, global_step):
+        # Instance keys restart with every graph, in build order, so they match on every task.
+        self._keys = itertools.count(1)
+        if self.group_size > 1:
+            grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]
+            grads = [
+                g if g.shape.is_fully_defined() else tf.reshape(g, v.shape)
+                for g, (_, v) in zip(grads, grads_and_vars, strict=True)
+            ]
+            with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
+                grads = all_reduce_mean(
+                    grads,
+                    self.group_size,
+                    self.bucket_bytes,
+                    self.transfer_dtype,
+                    self._keys,
+                    communication_hint=self.communication_hint,
+                )
+            grads_and_vars = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
+        return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+
+    # ---- sessions ----------------------------------------------------------
+
+    def scaffold(self, saver=None) -> v1.train.Scaffold:
+        """Each replica initialises its own variables; the chief's are broadcast to the others.
+
+        The chief initialises or restores (its session creator does that) and
+        then sends every global variable in its local-init op; the others do
+        not wait for the chief's variables (they cannot see them): their
+        local-init op initialises their copies and overwrites them with the
+        chief's values. Call after minimize(), before the graph is finalized.
+        """
+        if self.group_size == 1:
+            return v1.train.Scaffold(saver=saver)
+        if self._keys is None:
+            raise RuntimeError("SyncAllReduce.scaffold() needs minimize() first")
+        variables = v1.global_variables()
+        for var in variables:
+            if var.dtype.base_dtype not in _BROADCAST_DTYPES:
+                raise ConfigError(
+                    f"cannot broadcast variable {var.op.name} of dtype {var.dtype.base_dtype.name}"
+                )
+        default_local_init = v1.train.Scaffold.default_local_init_op()
+        with tf.device(self.compute_devices[0]), tf.name_scope("broadcast_variables"):
+            if self.cluster.is_chief:
+                sent = self._broadcast(variables, send=True)
+                local_init = tf.group(default_local_init, *sent)
+                return v1.train.Scaffold(saver=saver, local_init_op=local_init)
+            with tf.control_dependencies([v1.global_variables_initializer(), default_local_init]):
+                received = self._broadcast(variables, send=False)
+            local_init = tf.group(*received)
+        return v1.train.Scaffold(
+            saver=saver,
+            local_init_op=local_init,
+            # This replica's variables are its own: nothing to wait for before local init.
+            ready_for_local_init_op=tf.constant([], dtype=tf.string),
+        )
+
+    def _broadcast(self, variables, send: bool) -> list:
+        """Send (chief) or receive and assign (others) every variable, fused by dtype and size."""
+        out = []
+        by_dtype: dict[tf.DType, list] = {}
+        for var in variables:
+            by_dtype.setdefault(var.dtype.base_dtype, []).append(var)
+        for dtype, group in by_dtype.items():
+            sizes = [var.shape.num_elements() * dtype.size for var in group]
+            for bucket in make_buckets(sizes, self.bucket_bytes):
+                members = [group[k] for k in bucket]
+                key = next(self._keys)
+                common = dict(group_size=self.group_size, group_key=GROUP_KEY, instance_key=key)
+                if send:
+                    flat = _flatten([var.read_value() for var in members])
+                    out.append(tf.raw_ops.CollectiveBcastSendV2(input=flat, **common))
+                else:
+                    length = sum(var.shape.num_elements() for var in members)
+                    flat = tf.raw_ops.CollectiveBcastRecvV2(shape=[length], T=dtype, **common)
+                    for var, value in zip(
+                        members, _unflatten(flat, [var.shape for var in members]), strict=True
+                    ):
+                        out.append(var.assign(value, read_value=False))
+        return out
+
+    # ---- servers -------------------------------------------------------------
+
+    def device_filters(self) -> list[str]:
+        """Every replica: they all talk to each other."""
+        if self.cluster.is_local:
+            return []
+        return [f"/job:{job}/task:{index}" for job, index in self.cluster.replica_jobs]
+
+    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> v1.ConfigProto:
+        config = super().config(intra_op_threads, inter_op_threads)
+        if not self.cluster.is_local:
+            config.experimental.collective_group_leader = self.leader
+        return config

@@ -1,0 +1,294 @@
+"""Synchronous parameter servers: one update per step from N-b distinct replicas.
+
+Each step, every replica
+
+1. reads the global step `t` (before it reads any variable, so `t` is never
+   newer than the parameters its gradients come from),
+2. computes its gradients and adds them, tagged `t`, to one accumulator per
+   variable that sits on the variable's PS; an accumulator whose step has
+   moved past `t` drops them (stale),
+3. reports `(replica, t)` on a queue on the PS, and
+4. waits for its own release token.
+
+An aggregator thread on the chief reads the reports. When N-b distinct
+replicas have reported for the current step it takes the mean gradient of
+each accumulator, applies one update, increments the global step and
+releases those replicas. A report for an older step is a straggler whose
+gradients were dropped: it is released at once and starts again from the
+current parameters, so it never stalls the others.
+
+What this fixes in TF's SyncReplicasOptimizer: a replica cannot count twice
+in one step (it is blocked until the step closes, and the aggregator counts
+replica ids, not gradients); tokens are handed out only to replicas that are
+waiting, so a straggler does not pile up tokens; and at the end the chief
+closes every token queue, so a replica still waiting stops at once instead
+of hanging (no 120 s shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from disttrain.errors import ConfigError
+from disttrain.strategies.base import Strategy
+
+v1 = tf.compat.v1
+log = logging.getLogger("disttrain")
+
+_DONE_QUEUE = "disttrain_sync_done"
+_TOKEN_QUEUE = "disttrain_sync_token"
+
+
+class SyncParameterServer(Strategy):
+    """Variables on PS tasks (balanced by bytes); one synchronous update per step.
+
+    backup_workers: b. Each step takes the gradients of the first N-b of the
+      N replicas to report; the rest are dropped as stale, so up to b
+      stragglers never slow the step. With b=0 a step is exactly the mean
+      gradient of all N replicas: the same update as one process with N times
+      the batch.
+    step_delay_secs, delay_replicas: fault injection for tests and demos: the
+      listed replicas sleep this long between computing their gradients and
+      sending them (a straggler). Leave unset in real runs.
+
+    One increment of the global step consumes (N-b) x batch x towers examples.
+    With a single replica (or no cluster) gradients are applied directly.
+    """
+
+    uses_ps = True
+
+    def __init__(
+        self,
+        cluster,
+        backup_workers: int = 0,
+        num_towers: int | None = None,
+        max_imbalance: float = 0.05,
+        step_delay_secs: float = 0.0,
+        delay_replicas: tuple[int, ...] = (),
+    ):
+        super().__init__(cluster, num_towers, max_imbalance)
+        n = cluster.num_replicas
+        if not 0 <= backup_workers < n:
+            raise ConfigError(
+                f"backup_workers={backup_workers} out of range: the cluster has {n} replica(s), "
+                f"so it must be between 0 and {n - 1}"
+            )
+        self.backup_workers = backup_workers
+        self.replicas_to_aggregate = n - backup_workers
+        self.step_delay_secs = float(step_delay_secs)
+        self.delay_replicas = tuple(delay_replicas)
+        self._step = None  # the global step as read at the start of this replica's step
+        self._sync: dict | None = None  # the aggregation graph, built by apply_gradients
+
+    @property
+    def aggregates(self) -> bool:
+        """False with one replica: there is nothing to wait for."""
+        return self.cluster.num_replicas > 1
+
+    @property
+    def _me(self) -> int:
+        return max(self.cluster.replica_index, 0) if self.cluster.is_replica else 0
+
+    def examples_per_step(self, batch_size: int) -> int:
+        return self.replicas_to_aggregate * batch_size * self.num_towers
+
+    def compute_gradients(self, optimizer, loss):
+        """As the base, but every variable read of this step comes after reading the global step.
+
+        A gradient tagged with step t then never comes from parameters older
+        than t. (With a loss tensor built before minimize() the order cannot
+        be imposed; a replica reading during an update may then be tagged one
+        step early, which only matters with backup workers.)
+        """
+        if not self.aggregates:
+            return super().compute_gradients(optimizer, loss)
+        global_step = v1.train.get_or_create_global_step()
+        with tf.name_scope("sync_step"):
+            self._step = tf.identity(global_step.read_value(), name="local_step")
+        with tf.control_dependencies([self._step]):
+            return super().compute_gradients(optimizer, loss)
+
+    def apply_gradients(self, optimizer, grads_and_vars, global_step):
+        if not self.aggregates:
+            return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        if self._step is None:
+            raise RuntimeError(
+                "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
+            )
+        n, step = self.cluster.num_replicas, self._step
+        grads_and_vars = [(tf.convert_to_tensor(g), v) for g, v in grads_and_vars]
+        if self.step_delay_secs > 0 and self._me in self.delay_replicas:
+            grads_and_vars = _delayed(grads_and_vars, self.step_delay_secs)
+
+        # One accumulator per variable, on the variable's PS.
+        accumulators, applies = [], []
+        with tf.name_scope("sync_accumulate"):
+            for grad, var in grads_and_vars:
+                with tf.device(var.device):
+                    acc = v1.ConditionalAccumulator(
+                        grad.dtype, shape=var.shape, shared_name=f"{var.op.name}/grad_accum"
+                    )
+                    applies.append(acc.apply_grad(grad, local_step=step))
+                accumulators.append((acc, var))
+
+        # Reports and release tokens live with the global step.
+        with tf.device(global_step.device), tf.name_scope("sync_queues"):
+            done = v1.FIFOQueue(4 * n, [tf.int32, tf.int64], shapes=[[], []], shared_name=_DONE_QUEUE)
+            tokens = [
+                v1.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"{_TOKEN_QUEUE}_{r}", name=f"token_{r}")
+                for r in range(n)
+            ]
+            with tf.control_dependencies(applies):
+                report = done.enqueue((tf.constant(self._me, tf.int32), step))
+            with tf.control_dependencies([report]):
+                release = tokens[self._me].dequeue()
+            own = tokens[self._me]
+            drain = own.dequeue_many(own.size())
+
+        # The chief's side, built on every task so that all graphs hold the same
+        # variables (optimizer slots): take the mean gradients, apply one update.
+        with tf.name_scope("sync_update"):
+            aggregated = []
+            for acc, var in accumulators:
+                with tf.device(var.device):
+                    aggregated.append((acc.take_grad(self.replicas_to_aggregate), var))
+            update = optimizer.apply_gradients(aggregated, global_step=global_step)
+            with tf.device(global_step.device):
+                current = global_step.read_value()
+                reset = tf.group(*[acc.set_global_step(current) for acc, _ in accumulators])
+                release_ops = [q.enqueue(current) for q in tokens]
+                with tf.control_dependencies([update]):
+                    # Fetched together, these run the update once and then release.
+                    update_and_release = [q.enqueue(global_step.read_value()) for q in tokens]
+                close_ops = [q.close(cancel_pending_enqueues=True) for q in tokens]
+                count = v1.placeholder_with_default(tf.constant(1, tf.int32), [], name="reports_wanted")
+                reports = done.dequeue_many(count)
+        self._sync = dict(
+            reset=reset,
+            step=current,
+            count=count,
+            reports=reports,
+            release=release_ops,
+            update_and_release=update_and_release,
+            close=close_ops,
+            drain=drain,
+        )
+        return tf.group(release, name="sync_train_op")
+
+    def hooks(self) -> list:
+        if not self._sync:
+            return []
+        hooks = [_DrainOwnTokens(self._sync["drain"])]
+        if self.cluster.is_chief:
+            hooks.append(_Aggregator(self._sync, self.cluster.num_replicas, self.replicas_to_aggregate))
+        return hooks
+
+
+def _delayed(grads_and_vars, seconds: float):
+    """The same gradients, available `seconds` after they were computed (a straggler)."""
+
+    def sleep():
+        time.sleep(seconds)
+        return np.int64(0)
+
+    with tf.control_dependencies([g for g, _ in grads_and_vars]):
+        done = tf.numpy_function(sleep, [], tf.int64, name="straggler_delay")
+    with tf.control_dependencies([done]):
+        return [(tf.identity(g), v) for g, v in grads_and_vars]
+
+
+class _DrainOwnTokens(v1.train.SessionRunHook):
+    """A replica that restarts throws away a release token left from its previous life.
+
+    Otherwise its first step would not wait and it could report twice for one step.
+    """
+
+    def __init__(self, drain):
+        self._drain = drain
+
+    def after_create_session(self, session, coord):
+        session.run(self._drain)
+
+
+class _Aggregator(v1.train.SessionRunHook):
+    """The chief's thread that closes steps: N-b distinct fresh reports -> one update -> release.
+
+    Stops when the session ends (or the coordinator says so) and then closes
+    every token queue, so replicas still waiting stop at once.
+    """
+
+    def __init__(self, ops: dict, num_replicas: int, needed: int, poll_secs: float = 0.25):
+        self._ops, self._n, self._needed = ops, num_replicas, needed
+        self._poll_ms = int(poll_secs * 1000)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.steps = self.stale = 0
+        self.contributions = [0] * num_replicas  # steps each replica's gradients were part of
+
+    def after_create_session(self, session, coord):
+        self._stop_thread()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(session, coord, self._stop), name="disttrain-sync-aggregator", daemon=True
+        )
+        coord.register_thread(self._thread)
+        self._thread.start()
+
+    def end(self, session):
+        self._stop_thread()
+        log.info(
+            "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
+            self.steps,
+            ", ".join(map(str, self.contributions)),
+            self.stale,
+        )
+
+    def _stop_thread(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _run(self, session, coord, stop: threading.Event):
+        ops = self._ops
+        try:
+            session.run(ops["reset"])
+            step = int(session.run(ops["step"]))
+            arrived: set[int] = set()
+            options = v1.RunOptions(timeout_in_ms=self._poll_ms)
+            while not stop.is_set() and not coord.should_stop():
+                # Block for as many reports as could close the step (a timed-out dequeue takes none).
+                wanted = {ops["count"]: self._needed - len(arrived)}
+                try:
+                    replicas, tags = session.run(ops["reports"], feed_dict=wanted, options=options)
+                except tf.errors.DeadlineExceededError:
+                    continue
+                stale = []
+                for replica, tag in zip(replicas.tolist(), tags.tolist(), strict=True):
+                    if tag == step:
+                        arrived.add(replica)
+                    else:  # its gradients were dropped: let it start again from fresh values
+                        stale.append(replica)
+                if stale:
+                    self.stale += len(stale)
+                    session.run([ops["release"][r] for r in stale])
+                if len(arrived) >= self._needed:
+                    session.run([ops["update_and_release"][r] for r in sorted(arrived)])
+                    step += 1
+                    self.steps += 1
+                    for r in arrived:
+                        self.contributions[r] += 1
+                    arrived.clear()
+        except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
+            if not (stop.is_set() or coord.should_stop()):
+                coord.request_stop(e)
+        finally:
+            try:
+                session.run(ops["close"], options=v1.RunOptions(timeout_in_ms=5000))
+            except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
+                log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])

@@ -1,0 +1,339 @@
+"""Synchronous strategies on real clusters: equivalence, backup workers, 16-bit transfer, shutdown, speed.
+
+Every run is a LocalCluster of bin/train.py processes on loopback, bounded
+in time, with every task's log shown on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from disttrain.local import LocalCluster, _die_with_parent
+from model_zoo.mlp import MLP
+from tests.cluster.helpers import TINY, describe_failure, results, train_py
+
+pytestmark = pytest.mark.cluster
+
+v1 = tf.compat.v1
+
+SYNC_PS = "gin/mlp_sync.gin"
+ALLREDUCE = "gin/mlp_allreduce.gin"
+STEPS = 10
+BATCH = 4  # per worker; the single process takes 2 x BATCH
+# Same data split between replicas, same start, plain SGD: the runs must agree.
+EQUIVALENCE = [
+    "TrainConfig.input_fn = @sequence_input",
+    "TrainConfig.optimizer = @SGD",
+    "SGD.learning_rate = 0.1",
+    f"TrainConfig.train_steps = {STEPS}",
+    "TrainConfig.save_checkpoint_steps = 1000",
+    "TrainConfig.log_every_steps = 5",
+]
+SHUTDOWN_BOUND_SECS = 30.0
+MEASURED: dict[str, object] = {}  # printed at the end of the module (pytest -s shows it)
+
+
+# ---- running clusters --------------------------------------------------------------------
+
+
+def initial_checkpoint(logdir: str, seed: int = 7) -> None:
+    """The tiny MLP (gin/testing/tiny.gin's shape) at step 0 from a fixed seed, as the start of every run."""
+    os.makedirs(logdir, exist_ok=True)
+    with tf.Graph().as_default():
+        v1.set_random_seed(seed)
+        MLP(32, (64, 64), 10).build_variables()
+        v1.train.get_or_create_global_step()
+        saver = v1.train.Saver()
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            saver.save(session, os.path.join(logdir, "model.ckpt"), global_step=0)
+
+
+def run_timed(logdir, gin_files, timeout=150, **kwargs) -> tuple[LocalCluster, dict[str, float]]:
+    """Run a LocalCluster; return it and each task's exit time (time.time()); fail with logs."""
+    cluster = LocalCluster(gin_files, str(logdir), **kwargs).start()
+    exited: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(exited) < len(cluster.tasks):
+            for task in cluster.tasks:
+                code = task.proc.poll()
+                if code is not None and task.name not in exited:
+                    exited[task.name] = time.time()
+                    assert code == 0, f"{task.name} exited {code}\n" + describe_failure(cluster)
+            assert time.monotonic() < deadline, f"still running after {timeout} s\n" + describe_failure(
+                cluster
+            )
+            time.sleep(0.05)
+    finally:
+        cluster.stop()
+    return cluster, exited
+
+
+def shutdown_secs(cluster: LocalCluster, exited: dict[str, float]) -> float:
+    """From the chief's end of training (its result.json, written after the final checkpoint)
+    to the last task's exit."""
+    chief = cluster.chief_task
+    done = os.path.getmtime(
+        os.path.join(cluster.logdir, "tasks", f"{chief.job}_{chief.index}", "result.json")
+    )
+    return max(exited.values()) - done
+
+
+def variables(logdir: str) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(logdir)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def assert_same_variables(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    assert int(got["global_step"]) == int(want["global_step"]) == STEPS
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The reference: one process, no cluster, batch 2 x BATCH, from the common start."""
+    logdir = str(tmp_path_factory.mktemp("one_process"))
+    initial_checkpoint(logdir)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    params = [*EQUIVALENCE, f"TrainConfig.batch_size = {2 * BATCH}"]
+    args = [f"--logdir={logdir}", f"--gin_file={SYNC_PS}", f"--gin_file={TINY}"]
+    r = train_py(args + [f"--gin_param={p}" for p in params], env=env, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return variables(logdir)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    if MEASURED:
+        print("\nmeasured by tests/cluster/test_sync.py:")
+        for key, value in MEASURED.items():
+            print(f"  {key}: {value}")
+
+
+# ---- equivalence --------------------------------------------------------------------------
+
+
+def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, one_process):
+    initial_checkpoint(str(tmp_path))
+    params = [*EQUIVALENCE, f"TrainConfig.batch_size = {BATCH}"]
+    # Two PS: the plan splits the larger weights, so partitioned accumulators are covered too.
+    cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=2, num_workers=2, gin_params=params)
+    assert_same_variables(variables(cluster.logdir), one_process)
+    secs = shutdown_secs(cluster, exited)
+    MEASURED["shutdown, sync PS 2 PS + 2 workers (s)"] = round(secs, 1)
+    assert secs < SHUTDOWN_BOUND_SECS, describe_failure(cluster)
+
+
+def test_all_reduce_two_workers_with_two_towers_equal_one_process(tmp_path, one_process):
+    """Towers on 2 virtual CPUs per worker; the chief restores the start and broadcasts it.
+
+    Both towers of a worker read its rows, so the worker's gradient is that of
+    its rows, and the all-reduce mean is the one process's gradient.
+    """
+    initial_checkpoint(str(tmp_path))
+    params = [*EQUIVALENCE, f"TrainConfig.batch_size = {BATCH}", "SyncAllReduce.num_towers = 2"]
+    cluster, exited = run_timed(tmp_path, [ALLREDUCE, TINY], num_ps=0, num_workers=2, gin_params=params)
+    assert_same_variables(variables(cluster.logdir), one_process)
+    r = results(cluster.logdir)
+    assert r["worker_1"]["global_step"] == STEPS  # the other replica ran in lockstep
+    MEASURED["shutdown, all-reduce 2 workers (s)"] = round(shutdown_secs(cluster, exited), 1)
+    assert shutdown_secs(cluster, exited) < SHUTDOWN_BOUND_SECS
+
+
+# ---- backup workers -------------------------------------------------------------------------
+
+
+def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
+    """3 workers, b=1; worker 2 sleeps 1 s between computing and sending its gradients.
+
+    Steps must close with the other two (each in every step: two reports of one
+    fast worker never make a step), the straggler's stale gradients are
+    dropped, and once the chief is done the straggler, still waiting, stops.
+    """
+    params = [
+        "SyncParameterServer.backup_workers = 1",
+        "SyncParameterServer.delay_replicas = (2,)",
+        "SyncParameterServer.step_delay_secs = 1.0",
+        "TrainConfig.train_steps = 40",
+    ]
+    cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=1, num_workers=3, gin_params=params)
+    r = results(cluster.logdir)
+    chief, slow = r["worker_0"], r["worker_2"]
+    assert chief["global_step"] == 40
+    global_rate = chief["global_step"] / chief["seconds"]
+    slow_rate = slow["local_steps"] / slow["seconds"]
+    MEASURED["straggler: global steps/s vs the slow worker's steps/s"] = (
+        f"{global_rate:.1f} vs {slow_rate:.2f}"
+    )
+    assert global_rate > 4 * slow_rate, (global_rate, slow_rate)
+
+    log = open(cluster.chief_task.log_path).read()
+    m = re.search(r"sync aggregator: (\d+) steps closed, per replica \[(.*?)\], (\d+) stale", log)
+    assert m, describe_failure(cluster)
+    steps, per_replica, stale = int(m.group(1)), [int(x) for x in m.group(2).split(",")], int(m.group(3))
+    assert steps == 40
+    # Two distinct replicas in every step, none counted twice; almost always the two fast ones
+    # (the straggler may make the first step if the others start late).
+    assert sum(per_replica) == 2 * 40 and max(per_replica) <= 40, per_replica
+    assert per_replica[2] <= 2 and stale >= 1, (per_replica, stale)
+    secs = shutdown_secs(cluster, exited)
+    MEASURED["shutdown, sync PS with a straggler (s)"] = round(secs, 1)
+    assert secs < SHUTDOWN_BOUND_SECS, describe_failure(cluster)
+
+
+# ---- 16-bit transfer -----------------------------------------------------------------------
+
+
+def _netns_supported() -> bool:
+    if not shutil.which("unshare") or not shutil.which("nsenter"):
+        return False
+    r = subprocess.run(["unshare", "--net", "true"], capture_output=True)
+    return r.returncode == 0
+
+
+class PrivateLoopback:
+    """A network namespace of its own: its loopback counters count only our cluster's traffic.
+
+    The machine's own `lo` is shared with every other process, so its counters
+    cannot attribute bytes. Here every task runs in one fresh namespace (held
+    open by a sleeping process), and /proc/<holder>/net/dev gives that
+    namespace's loopback bytes: exactly what the tasks sent each other.
+    """
+
+    def __enter__(self):
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep 600"],
+            preexec_fn=_die_with_parent,
+        )
+        # Until `unshare` has run, the holder is still in our namespace.
+        own = os.readlink("/proc/self/ns/net")
+        for _ in range(200):
+            try:
+                if os.readlink(f"/proc/{self.holder.pid}/ns/net") != own and self.lo_bytes() is not None:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError("the private network namespace did not come up")
+
+    def __exit__(self, *exc):
+        self.holder.kill()
+        self.holder.wait()
+
+    def _dev(self) -> str:
+        try:
+            with open(f"/proc/{self.holder.pid}/net/dev") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def lo_bytes(self) -> int | None:
+        for line in self._dev().splitlines():
+            if line.strip().startswith("lo:"):
+                return int(line.split(":", 1)[1].split()[8])  # transmitted bytes (= received, on lo)
+        return None
+
+    def popen(self, task, argv, env, log_file):
+        return subprocess.Popen(
+            ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net", *argv],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            preexec_fn=_die_with_parent,
+        )
+
+
+@pytest.mark.skipif(not _netns_supported(), reason="needs network namespaces (root or user namespaces)")
+def test_16_bit_transfer_converges_and_halves_the_bytes_on_the_wire(tmp_path):
+    """Bytes on the wire, counted on a private loopback, for float32 and float16 gradients.
+
+    Each run trains the same MLP (307 KB of float32 gradients per step) for
+    the same number of steps on 2 workers, alone in its own network
+    namespace; the namespace's loopback transmit counter is every byte the
+    two tasks sent each other (gRPC framing and the start-up broadcast
+    included, which is why the ratio is a little above 0.5). The graph-level
+    count (the collectives' input bytes) is checked exactly in
+    tests/unit/test_sync_strategies.py.
+    """
+    steps = 30
+    params = [
+        "mlp.hidden_sizes = (256, 256)",
+        f"TrainConfig.train_steps = {steps}",
+        "Adam.learning_rate = 0.001",
+    ]
+    per_step = {}
+    for name, transfer in (("float32", "None"), ("float16", "'float16'")):
+        logdir = tmp_path / name
+        with PrivateLoopback() as ns:
+            before = ns.lo_bytes()
+            cluster, _ = run_timed(
+                logdir,
+                [ALLREDUCE, TINY],
+                num_ps=0,
+                num_workers=2,
+                gin_params=[*params, f"SyncAllReduce.transfer_dtype = {transfer}"],
+                popen=ns.popen,
+            )
+            per_step[name] = (ns.lo_bytes() - before) / steps
+        r = results(cluster.logdir)["worker_0"]
+        assert r["global_step"] == steps
+        if name == "float16":
+            log = open(cluster.chief_task.log_path).read()
+            first_loss = float(re.search(r"step \d+\s+loss ([\d.]+)", log)[1])
+            assert r["final_loss"] < 0.9 * first_loss, (first_loss, r["final_loss"])
+    ratio = per_step["float16"] / per_step["float32"]
+    MEASURED["wire bytes per step, float32 / float16 (2 workers, 307 KB model)"] = (
+        f"{per_step['float32'] / 1e3:.0f} KB / {per_step['float16'] / 1e3:.0f} KB, ratio {ratio:.3f}"
+    )
+    assert 0.45 < ratio < 0.6, per_step
+
+
+# ---- speed -----------------------------------------------------------------------------------
+
+
+def test_steps_per_sec_of_the_three_strategies(tmp_path):
+    """The tiny MLP on 2 workers under async PS, sync PS and all-reduce, one run each, printed.
+
+    Global steps/s from the chief (intervals after the first); async's global
+    step counts each worker's steps, the sync ones count cluster steps of 2
+    batches. Only that all three train is asserted: absolute speed on a shared
+    2-core machine means little.
+    """
+    params = ["TrainConfig.train_steps = 150", "TrainConfig.log_every_steps = 25"]
+    table = {}
+    for name, gin, num_ps in (
+        ("async PS", "gin/mlp_async.gin", 1),
+        ("sync PS", SYNC_PS, 1),
+        ("all-reduce", ALLREDUCE, 0),
+    ):
+        cluster, exited = run_timed(
+            tmp_path / name.replace(" ", "_"), [gin, TINY], num_ps=num_ps, num_workers=2, gin_params=params
+        )
+        r = results(cluster.logdir)
+        chief = r["worker_0"]
+        examples_per_step = 8 if name == "async PS" else 16
+        table[name] = (
+            chief["cluster_examples_per_sec"] / examples_per_step,
+            chief["cluster_examples_per_sec"],
+            shutdown_secs(cluster, exited),
+        )
+        assert chief["global_step"] >= 150
+    lines = [f"{'strategy':12s} {'global steps/s':>15s} {'examples/s':>11s} {'shutdown s':>11s}"]
+    lines += [f"{k:12s} {s:15.1f} {e:11.0f} {d:11.1f}" for k, (s, e, d) in table.items()]
+    MEASURED["tiny MLP, 2 workers (batch 8)"] = "\n    " + "\n    ".join(lines)
+    print("\n".join(lines), file=sys.stderr)

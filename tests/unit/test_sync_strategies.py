@@ -1,0 +1,280 @@
+"""Synchronous strategies on built graphs, no servers: devices, buckets, casts, towers, keys.
+
+Collectives between two virtual CPU devices of this process run for real
+(DirectSession's local collective executor), so the all-reduce math is
+checked without a cluster.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from disttrain.cluster import Cluster
+from disttrain.errors import ConfigError
+from disttrain.strategies import SyncAllReduce, SyncParameterServer, allreduce
+from model_zoo.mlp import MLP
+
+v1 = tf.compat.v1
+
+
+def ps_cluster(task=1, num_workers=2, num_ps=2, job="worker"):
+    return Cluster.from_hosts(
+        job, task, [f"p{i}:1" for i in range(num_ps)], [f"w{i}:1" for i in range(num_workers)]
+    )
+
+
+def chief_cluster(job="worker", task=1):
+    return Cluster.from_hosts(job, task, (), ["w0:1", "w1:1"], chief_host="c:1")
+
+
+def build(strategy, batch=4, optimizer=lambda: v1.train.GradientDescentOptimizer(0.1)):
+    """The MLP's training graph under `strategy`, as trainer.build makes it (input from constants)."""
+    model = MLP(8, (16,), 4)
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(3)
+        strategy.plan_placement(model.build_variables)
+        with strategy.scope():
+            global_step = v1.train.get_or_create_global_step()
+
+            def loss_fn():
+                features = tf.random.stateless_uniform([batch, 8], seed=[1, 2])
+                labels = tf.zeros([batch], tf.int32)
+                return model.loss(model(features, training=True), labels)
+
+            train_op = strategy.minimize(optimizer(), loss_fn, global_step)
+    return graph, train_op
+
+
+def task_of(device):
+    spec = tf.DeviceSpec.from_string(device)
+    return (spec.job, spec.task)
+
+
+def ops_of(graph, op_type):
+    return [op for op in graph.get_operations() if op.type == op_type]
+
+
+# ---- buckets and the all-reduce math ---------------------------------------------
+
+
+def test_buckets_are_consecutive_and_about_the_size():
+    assert allreduce.make_buckets([4, 4, 4, 4], 8) == [[0, 1], [2, 3]]
+    assert allreduce.make_buckets([4, 100, 4], 8) == [[0], [1], [2]]  # a big tensor gets its own bucket
+    assert allreduce.make_buckets([3, 3, 3], 100) == [[0, 1, 2]]
+    assert allreduce.make_buckets([], 8) == []
+
+
+def two_replica_mean(grads_per_replica, bucket_bytes, transfer_dtype=None):
+    """Build all_reduce_mean for two replicas on CPU:0 and CPU:1 of this process and run it."""
+    with tf.Graph().as_default() as graph:
+        outs = []
+        for device, grads in enumerate(grads_per_replica):
+            with tf.device(f"/device:CPU:{device}"):
+                tensors = [tf.constant(g) for g in grads]
+                outs.append(
+                    allreduce.all_reduce_mean(tensors, 2, bucket_bytes, transfer_dtype, itertools.count(1))
+                )
+        with v1.Session(graph=graph, config=v1.ConfigProto(device_count={"CPU": 2})) as session:
+            return graph, session.run(outs)
+
+
+def test_all_reduce_mean_of_fused_buckets_is_exact_in_float32():
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (4,), (5, 2, 2), (7,)]
+    a = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    b = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    graph, (out0, out1) = two_replica_mean([a, b], bucket_bytes=64)
+    for x, y, r0, r1 in zip(a, b, out0, out1, strict=True):
+        np.testing.assert_allclose(r0, (x + y) / 2, rtol=1e-6)
+        np.testing.assert_array_equal(r0, r1)  # every replica gets the same bits
+        assert r0.shape == x.shape and r0.dtype == np.float32
+    # 64-byte buckets over 48, 16, 80, 28 bytes, last tensor first: [(7,)], [(5,2,2)], [(4,), (3,4)]
+    assert len(ops_of(graph, "CollectiveReduceV2")) == 2 * 3
+
+
+def test_one_bucket_when_it_fits():
+    a = [np.ones((3,), np.float32), np.ones((2, 2), np.float32)]
+    graph, _ = two_replica_mean([a, a], bucket_bytes=1 << 20)
+    assert len(ops_of(graph, "CollectiveReduceV2")) == 2  # one per replica
+
+
+@pytest.mark.parametrize(
+    "dtype,tf_dtype,tol", [("float16", tf.float16, 1e-3), ("bfloat16", tf.bfloat16, 1e-2)]
+)
+def test_16_bit_transfer_casts_before_and_accumulates_mean_in_float32(dtype, tf_dtype, tol):
+    rng = np.random.default_rng(1)
+    a = [rng.normal(size=(64,)).astype(np.float32)]
+    b = [rng.normal(size=(64,)).astype(np.float32)]
+    graph, (out0, _) = two_replica_mean([a, b], 1 << 20, tf_dtype)
+    (reduce_op, _) = ops_of(graph, "CollectiveReduceV2")
+    assert reduce_op.inputs[0].dtype == tf_dtype
+    assert out0[0].dtype == np.float32
+    np.testing.assert_allclose(out0[0], (a[0] + b[0]) / 2, rtol=tol, atol=tol)
+
+
+def collective_input_bytes(graph) -> int:
+    return sum(
+        op.inputs[0].shape.num_elements() * op.inputs[0].dtype.size
+        for op in ops_of(graph, "CollectiveReduceV2")
+    )
+
+
+def test_16_bit_transfer_halves_the_bytes_given_to_the_collectives():
+    sizes = {}
+    for transfer in (None, "float16", "bfloat16"):
+        graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256, transfer_dtype=transfer))
+        sizes[transfer] = collective_input_bytes(graph)
+    model_bytes = 4 * (8 * 16 + 16 + 16 * 4 + 4)
+    assert sizes[None] == model_bytes
+    assert sizes["float16"] == sizes["bfloat16"] == model_bytes // 2
+
+
+# ---- SyncAllReduce graphs ---------------------------------------------------------------
+
+
+def test_all_reduce_variables_live_on_the_replica_and_keys_match_across_replicas():
+    keys = {}
+    for job, task in (("chief", 0), ("worker", 0), ("worker", 1)):
+        strategy = SyncAllReduce(chief_cluster(job, task), bucket_bytes=256)
+        graph, _ = build(strategy)
+        devices = {op.device for op in ops_of(graph, "VarHandleOp")}
+        assert devices == {f"/job:{job}/task:{task}/device:CPU:0"}
+        with graph.as_default():
+            scaffold = strategy.scaffold()
+        reduces = ops_of(graph, "CollectiveReduceV2")
+        assert {op.device for op in reduces} == {f"/job:{job}/task:{task}/device:CPU:0"}
+        sends, recvs = ops_of(graph, "CollectiveBcastSendV2"), ops_of(graph, "CollectiveBcastRecvV2")
+        if job == "chief":
+            assert sends and not recvs
+        else:
+            assert recvs and not sends
+            assert scaffold.ready_for_local_init_op is not None  # does not wait for the chief's variables
+        keys[(job, task)] = [int(tf.get_static_value(op.inputs[3])) for op in reduces] + sorted(
+            int(tf.get_static_value(op.inputs[3 if op in sends else 2])) for op in sends + recvs
+        )
+    assert len(set(map(tuple, keys.values()))) == 1  # the same instance keys, in the same order, everywhere
+
+
+def test_all_reduce_server_config_names_the_leader_and_every_replica():
+    strategy = SyncAllReduce(chief_cluster("worker", 1))
+    config = strategy.config()
+    assert config.experimental.collective_group_leader == "/job:chief/replica:0/task:0"
+    assert list(config.device_filters) == ["/job:chief/task:0", "/job:worker/task:0", "/job:worker/task:1"]
+    no_chief = SyncAllReduce(ps_cluster(task=1, num_ps=0))
+    assert no_chief.config().experimental.collective_group_leader == "/job:worker/replica:0/task:0"
+    assert strategy.examples_per_step(8) == 3 * 8
+    assert not SyncAllReduce.uses_ps
+
+
+def test_all_reduce_bad_settings_are_clear_errors():
+    with pytest.raises(ConfigError, match="transfer_dtype='int8'"):
+        SyncAllReduce(chief_cluster(), transfer_dtype="int8")
+    with pytest.raises(ConfigError, match="bucket_bytes"):
+        SyncAllReduce(chief_cluster(), bucket_bytes=0)
+
+
+def test_all_reduce_towers_on_virtual_cpus_reduce_once_per_bucket():
+    strategy = SyncAllReduce(chief_cluster("worker", 0), num_towers=2, bucket_bytes=1 << 20)
+    graph, _ = build(strategy)
+    matmuls = {op.device for op in ops_of(graph, "MatMul") if op.name.startswith("tower_")}
+    assert matmuls == {"/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1"}
+    assert len(ops_of(graph, "CollectiveReduceV2")) == 1  # towers are averaged first, on the host
+    assert strategy.config().device_count["CPU"] == 2
+    assert strategy.examples_per_step(8) == 3 * 8 * 2
+
+
+def run_local(strategy, steps=3, batch=4):
+    """Train the MLP in this process under `strategy` (no cluster); return the final variables."""
+    graph, train_op = build(strategy, batch)
+    with graph.as_default():
+        init = v1.global_variables_initializer()
+        scaffold = strategy.scaffold()
+        scaffold.finalize()
+        variables = v1.trainable_variables()
+    with v1.Session(graph=graph, config=strategy.config()) as session:
+        session.run(init)
+        session.run(scaffold.local_init_op)
+        for _ in range(steps):
+            session.run(train_op)
+        return graph, session.run({v.op.name: v for v in variables})
+
+
+def test_one_replica_needs_no_collectives_and_trains():
+    graph, values = run_local(SyncAllReduce(Cluster.local()))
+    assert not ops_of(graph, "CollectiveReduceV2") and not ops_of(graph, "CollectiveBcastSendV2")
+    _, reference = run_local(SyncParameterServer(Cluster.local()))
+    for name, value in values.items():
+        np.testing.assert_allclose(value, reference[name], rtol=1e-6)
+
+
+def test_local_towers_equal_one_tower_with_the_summed_batch():
+    # The same rows in both towers: their mean gradient is the one tower's.
+    _, two = run_local(SyncAllReduce(Cluster.local(), num_towers=2), batch=4)
+    _, one = run_local(SyncAllReduce(Cluster.local(), num_towers=1), batch=4)
+    for name, value in two.items():
+        np.testing.assert_allclose(value, one[name], rtol=1e-5, atol=1e-7)
+
+
+# ---- SyncParameterServer graphs --------------------------------------------------------------
+
+
+def test_sync_ps_accumulators_sit_with_their_variables_on_the_ps():
+    strategy = SyncParameterServer(ps_cluster(task=1))
+    graph, _ = build(strategy, optimizer=lambda: v1.train.AdamOptimizer(0.01))
+    variables = {op.name: op.device for op in ops_of(graph, "VarHandleOp")}
+    assert all(d.startswith("/job:ps/") for d in variables.values())
+    accumulators = ops_of(graph, "ResourceConditionalAccumulator")
+    trainable = [name for name in variables if name.startswith(("fc1/", "logits/")) and "Adam" not in name]
+    assert len(trainable) > 4  # the plan split some variables over the 2 PS: one accumulator per part
+    assert len(accumulators) == len(trainable)
+    for acc in accumulators:
+        var = acc.get_attr("shared_name").decode().removesuffix("/grad_accum")
+        assert task_of(acc.device) == task_of(variables[var])
+    for op_type in ("ResourceAccumulatorApplyGradient", "ResourceAccumulatorTakeGradient"):
+        for op in ops_of(graph, op_type):
+            assert task_of(op.device) == task_of(op.inputs[0].op.device)
+    queues = ops_of(graph, "FIFOQueueV2")
+    assert {task_of(op.device) for op in queues} == {task_of(variables["global_step"])}
+    # The replica works on the worker; only variables, their updates and the queues are on a PS.
+    assert {op.device for op in ops_of(graph, "MatMul")} == {"/job:worker/task:1/device:CPU:0"}
+
+
+def test_sync_ps_reads_the_global_step_before_any_variable():
+    strategy = SyncParameterServer(ps_cluster(task=0, num_ps=1))
+    graph, _ = build(strategy)
+    step = graph.get_operation_by_name("sync_step/local_step")
+    forward = [op for op in ops_of(graph, "MatMul") if not op.name.startswith(("gradients", "sync_update"))]
+    reads = [t.op for op in forward for t in op.inputs if t.op.type == "ReadVariableOp"]
+    assert len(reads) == 2  # fc1/weights, logits/weights
+    for op in reads:
+        assert step in op.control_inputs, op.name
+
+
+def test_sync_ps_steps_count_the_aggregated_replicas():
+    assert SyncParameterServer(ps_cluster(num_workers=3)).examples_per_step(8) == 3 * 8
+    assert SyncParameterServer(ps_cluster(num_workers=3), backup_workers=1).examples_per_step(8) == 2 * 8
+    assert (
+        SyncParameterServer(ps_cluster(num_workers=3), backup_workers=1, num_towers=2).examples_per_step(8)
+        == 32
+    )
+    with pytest.raises(ConfigError, match="backup_workers=3 out of range: the cluster has 3 replica"):
+        SyncParameterServer(ps_cluster(num_workers=3), backup_workers=3)
+    with pytest.raises(ConfigError, match="needs at least one 'ps' task"):
+        SyncParameterServer(ps_cluster(num_ps=0))
+
+
+def test_sync_ps_hooks_aggregator_only_on_the_chief():
+    for task, has_aggregator in ((0, True), (1, False)):
+        strategy = SyncParameterServer(ps_cluster(task=task))
+        build(strategy)
+        names = [type(h).__name__ for h in strategy.hooks()]
+        assert ("_Aggregator" in names) == has_aggregator
+        assert "_DrainOwnTokens" in names
+
+
+def test_sync_ps_local_applies_directly():
+    graph, _ = run_local(SyncParameterServer(Cluster.local()))
+    assert not ops_of(graph, "ResourceConditionalAccumulator")
