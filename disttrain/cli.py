@@ -12,11 +12,11 @@ import contextlib
 import os
 import sys
 
-import gin
 import tensorflow as tf
 
-from disttrain import configurables, launch
+import gin
 from disttrain import cluster as cluster_lib
+from disttrain import configurables, launch
 from disttrain.config import TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError
 
@@ -137,7 +137,8 @@ def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, l
         task = cluster.failed[0]
         print(cluster.log_tail(task), file=sys.stderr, end="")
         fail(
-            f"{task.name} failed with exit code {task.proc.returncode}; every task stopped; log: {task.log_path}",
+            f"{task.name} failed with exit code {task.proc.returncode}; every task stopped; "
+            f"log: {task.log_path}",
             task.proc.returncode if 0 < task.proc.returncode < 256 else 1,
         )
     print(summary(launch.read_results(logdir), codes, logdir), flush=True)
@@ -160,6 +161,6 @@ def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str
             f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)"
         )
     lines.append(f"  sum over tasks: {total:.1f} examples/sec")
-    lines.append(f"  exit codes: " + ", ".join(f"{n} {c}" for n, c in codes.items()))
+    lines.append("  exit codes: " + ", ".join(f"{n} {c}" for n, c in codes.items()))
     lines.append(f"  logs: {logdir}/logs   TensorBoard: tensorboard --logdir={logdir}")
     return "\n".join(lines)

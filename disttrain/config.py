@@ -40,6 +40,9 @@ class TrainConfig:
     peer_wait_secs: float = 120.0
     ps_linger_secs: float = 30.0
     eval_steps: int = 10
+    check_numerics: bool = True  # a NaN/Inf gradient fails the step before it is applied
+    decay_threshold: float = 0.3  # warn when examples/sec stays this far below its recent best
+    decay_window: int = 3  # ... for this many logging intervals
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError naming the first missing or impossible setting."""

@@ -77,10 +77,19 @@ def peers(cluster: Cluster, filters: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def wait_for_peers(targets: list[tuple[str, str]], timeout_secs: float, poll_secs: float = 0.25) -> None:
-    """Block until every peer accepts TCP connections; name the first that never did."""
+def wait_for_peers(
+    targets: list[tuple[str, str]],
+    timeout_secs: float,
+    poll_secs: float = 0.25,
+    report: Callable[[str], None] | None = None,
+) -> None:
+    """Block until every peer accepts TCP connections; name the first that never did.
+
+    `report` is told once about each peer that is not up on first try.
+    """
     deadline = time.monotonic() + timeout_secs
     pending = list(targets)
+    reported = set()
     while pending:
         name, address = pending[0]
         host, _, port = address.rpartition(":")
@@ -89,13 +98,65 @@ def wait_for_peers(targets: list[tuple[str, str]], timeout_secs: float, poll_sec
                 pending.pop(0)
                 continue
         except OSError:
-            pass
+            if report is not None and name not in reported:
+                reported.add(name)
+                report(f"waiting for {name} at {address}: not reachable")
         if time.monotonic() > deadline:
             raise TransientError(
                 f"{name} at {address} is unreachable after {timeout_secs:.0f} s: is it running, "
                 "and is the address right? (TrainConfig.peer_wait_secs sets the wait)"
             )
         time.sleep(poll_secs)
+
+
+# ---- every task must see the same cluster ----------------------------------
+
+_SPEC_TABLE = "disttrain_cluster_spec"
+
+
+def check_cluster_agrees(cluster: Cluster, target: str, anchor: str, timeout_secs: float = 30.0) -> None:
+    """Fail fast if this task was started with another cluster spec than its peers.
+
+    The first task to arrive registers its spec in a small table on `anchor`
+    (ps0, or the first replica when there is no PS); every task compares its
+    own with it. A worker started with another worker list would otherwise
+    hang or silently train a different cluster.
+    """
+    mine = json.dumps(cluster.as_dict(), sort_keys=True)
+    entry = json.dumps({"task": cluster.task_name, "cluster": mine})
+    with tf.Graph().as_default() as graph:
+        with tf.device(anchor):
+            # int64 -> string: TF registers no string -> string kernel for mutable tables.
+            table = tf.raw_ops.MutableHashTableV2(
+                key_dtype=tf.int64,
+                value_dtype=tf.string,
+                shared_name=_SPEC_TABLE,
+                use_node_name_sharing=False,
+            )
+            key = tf.constant(0, tf.int64)
+            found = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=key, default_value=tf.constant(""))
+            insert = tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=key, values=tf.constant(entry))
+        config = v1.ConfigProto(device_filters=[anchor, cluster.task_name])
+        with v1.Session(target, graph=graph, config=config) as session:
+            options = v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+            registered = session.run(found, options=options).decode()
+            if not registered:
+                session.run(insert, options=options)
+                registered = session.run(found, options=options).decode()
+    theirs = json.loads(registered)
+    if theirs["cluster"] != mine:
+        raise ConfigError(
+            f"{cluster.task_name} was started with another cluster than {theirs['task']}: "
+            f"this task has {mine}, {theirs['task']} has {theirs['cluster']}; "
+            "start every task with the same spec"
+        )
+
+
+def spec_anchor(cluster: Cluster) -> str:
+    if cluster.num_ps:
+        return "/job:ps/task:0"
+    job, index = cluster.replica_jobs[0]
+    return f"/job:{job}/task:{index}"
 
 
 # ---- the end of training: replicas tell each PS ----------------------------
@@ -171,12 +232,24 @@ def _run_ps(cluster: Cluster, config: TrainConfig, logdir: str, on_built, log_fn
 def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, log_fn) -> int:
     strategy = config.strategy(cluster)
     session_config = strategy.config(config.intra_op_threads, config.inter_op_threads)
+    trainer.check_writable(logdir)
+    on_reconnect = None
     if cluster.is_local:
         target = ""
     else:
         server = start_server(cluster, session_config)
         target = server.target
-        wait_for_peers(peers(cluster, strategy.device_filters()), config.peer_wait_secs)
+        others = peers(cluster, strategy.device_filters())
+        wait_for_peers(others, config.peer_wait_secs, report=log_fn)
+        check_cluster_agrees(cluster, target, spec_anchor(cluster), config.peer_wait_secs)
+
+        def on_reconnect():
+            log_fn(f"{cluster.task_name} lost its session (a peer died or restarted); checking peers")
+            wait_for_peers(others, config.peer_wait_secs, report=log_fn)
+            latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
+            log_fn(
+                f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}"
+            )
 
     def built(b: trainer.Built) -> None:
         if cluster.is_chief and strategy.plan is not None:
@@ -185,8 +258,9 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, l
         if on_built is not None and cluster.is_chief:
             on_built()
 
-    os.makedirs(logdir, exist_ok=True)
-    trainer.train(cluster, config, strategy, logdir, target, session_config, on_built=built, log_fn=log_fn)
+    trainer.train(
+        cluster, config, strategy, logdir, target, session_config, built, log_fn, on_reconnect=on_reconnect
+    )
     if not cluster.is_local:
         signal_done(cluster, target)
     return 0

@@ -95,6 +95,8 @@ class LocalCluster:
         addresses: Callable[[str, int], str] | None = None,
         popen: Callable | None = None,
         gpus_per_worker: int = 1,
+        max_restarts: int = 0,
+        on_event: Callable[[str], None] | None = None,
     ):
         self.gin_files, self.gin_params, self.logdir = list(gin_files), list(gin_params), logdir
         self.env = dict(os.environ if env is None else env)
@@ -110,6 +112,10 @@ class LocalCluster:
         if evaluator:
             self.tasks.append(Task(EVALUATOR, 0, None, os.path.join(logdir, "logs", "evaluator_0.log")))
         self.failed: list[Task] = []  # tasks that had failed when wait() stopped the cluster
+        self.max_restarts = max_restarts
+        self.restarts: dict[str, int] = {}
+        self.events: list[str] = []
+        self._on_event = on_event
         self.cluster = {}
         for t in self.tasks:
             if t.address:
@@ -133,13 +139,39 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         os.makedirs(os.path.join(self.logdir, "logs"), exist_ok=True)
         for task in self.tasks:
-            env = dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1")
-            devices = visible_devices(task.job, task.index, self.gpus, self.gpus_per_worker)
-            if devices is not None:
-                env["CUDA_VISIBLE_DEVICES"] = devices
-            with open(task.log_path, "w") as log_file:
-                task.proc = self._popen(task, self.argv(task), env, log_file)
+            self._start_task(task, mode="w")
         return self
+
+    def _start_task(self, task: Task, mode: str) -> None:
+        env = dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1")
+        devices = visible_devices(task.job, task.index, self.gpus, self.gpus_per_worker)
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
+        with open(task.log_path, mode) as log_file:
+            task.proc = self._popen(task, self.argv(task), env, log_file)
+
+    def _event(self, message: str) -> None:
+        self.events.append(message)
+        if self._on_event:
+            self._on_event(message)
+
+    def _restart_or_fail(self, task: Task) -> bool:
+        """Restart a task that died of a signal or a transient code, as an orchestrator would.
+
+        Returns False when the task must be treated as failed: a permanent
+        exit code (1-127: configuration), or no restarts left.
+        """
+        code = task.proc.returncode
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        transient = code < 0 or code >= 128
+        used = self.restarts.get(task.name, 0)
+        if not transient or used >= self.max_restarts:
+            self._event(f"{task.name} died ({how}); stopping the cluster; log: {task.log_path}")
+            return False
+        self.restarts[task.name] = used + 1
+        self._event(f"{task.name} died ({how}); restarting it ({used + 1}/{self.max_restarts})")
+        self._start_task(task, mode="a")
+        return True
 
     def poll(self) -> dict[str, int | None]:
         return {t.name: t.proc.poll() for t in self.tasks}
@@ -153,10 +185,10 @@ class LocalCluster:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                codes = self.poll()
-                if any(c not in (None, 0) for c in codes.values()) or all(
-                    c is not None for c in codes.values()
-                ):
+                failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
+                if any(not self._restart_or_fail(t) for t in failed):
+                    break
+                if all(t.proc.poll() == 0 for t in self.tasks):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(

@@ -64,6 +64,35 @@ def async_throughput(per_worker: Sequence[float]) -> float:
     return len(per_worker) * min(per_worker) if per_worker else 0.0
 
 
+def throughput_drop(rates: Sequence[float], window: int, lookback: int = 20) -> float:
+    """How far the last `window` intervals all fell below the best before them (0..1).
+
+    Compares the *best* of the last `window` rates with the best of the
+    `lookback` rates before them, so one slow interval (a checkpoint, a
+    noisy neighbour) is not a drop; a sustained slowdown is. 0 when there is
+    not enough history or no drop.
+    """
+    if window < 1 or len(rates) < window + 1:
+        return 0.0
+    recent = max(rates[-window:])
+    before = max(rates[-window - lookback : -window])
+    return max(0.0, 1.0 - recent / before) if before > 0 else 0.0
+
+
+def process_memory_mb() -> float:
+    """Resident memory of this process in MiB (Linux /proc; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def scalar_summary(values: dict[str, float]) -> v1.Summary:
     return v1.Summary(value=[v1.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
 
@@ -102,6 +131,8 @@ class ThroughputHook(v1.train.SessionRunHook):
         task_logdir: str | None,
         cluster_logdir: str | None,
         log: Callable[[str], None],
+        decay_threshold: float = 0.0,
+        decay_window: int = 3,
     ):
         self._fetches = {"loss": loss, "global_step": global_step}
         self._per_local = examples_per_local_step
@@ -112,6 +143,8 @@ class ThroughputHook(v1.train.SessionRunHook):
         self.result = TaskThroughput(task=task, chief=cluster_logdir is not None)
         self._local_rates: list[float] = []
         self._cluster_rates: list[float] = []
+        self._decay = (decay_threshold, decay_window)
+        self._warned_drop = 0.0
 
     def begin(self):
         # The cache shares one event file per directory with TF's checkpoint hook.
@@ -158,7 +191,33 @@ class ThroughputHook(v1.train.SessionRunHook):
         if cluster_writer:
             msg += f"  {cluster:.1f} (cluster)  global_step/sec {gsps:.2f}"
         self._log(msg)
+        self._watch_decay(run_context.session.graph, step, task_writer)
         self._mark, self._mark_step, self._mark_global = now, r.local_steps, step
+
+    def _watch_decay(self, graph, step, writer):
+        """Warn once per sustained drop of this task's throughput below its recent best."""
+        threshold, window = self._decay
+        if threshold <= 0:
+            return
+        drop = throughput_drop(self._local_rates[1:], window)  # the first interval includes start-up
+        if drop < threshold:
+            self._warned_drop = 0.0
+            return
+        if self._warned_drop:
+            return
+        self._warned_drop = drop
+        memory, ops = process_memory_mb(), len(graph.get_operations())
+        self._log(
+            f"WARNING {self.result.task}: examples/sec fell {100 * drop:.0f}% below its recent best for "
+            f"{window} intervals (at global step {step}); process memory {memory:.0f} MiB, graph ops {ops}"
+        )
+        if writer:
+            writer.add_summary(
+                scalar_summary(
+                    {"health/throughput_drop": drop, "health/memory_mb": memory, "health/graph_ops": ops}
+                ),
+                step,
+            )
 
     def end(self, session):
         r = self.result

@@ -18,8 +18,8 @@ import tensorflow as tf
 from disttrain import metrics
 from disttrain.cluster import Cluster
 from disttrain.config import TrainConfig
-from disttrain.errors import TransientError
-from disttrain.strategies.base import Strategy
+from disttrain.errors import ConfigError, DivergedError, TransientError
+from disttrain.strategies.base import NON_FINITE, Strategy
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -52,9 +52,12 @@ def build(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> Built:
 
             def loss_fn():
                 features, labels = iterator.get_next()
-                return model.loss(model(features, training=True), labels)
+                loss = model.loss(model(features, training=True), labels)
+                if config.check_numerics:
+                    loss = tf.debugging.check_numerics(loss, f"{NON_FINITE} loss")
+                return loss
 
-            train_op = strategy.minimize(config.optimizer(), loss_fn, global_step)
+            train_op = strategy.minimize(config.optimizer(), loss_fn, global_step, config.check_numerics)
     return Built(graph, train_op, strategy.loss, global_step, strategy)
 
 
@@ -87,6 +90,75 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
             ) from None
 
 
+class _Reconnecting(v1.train.SessionCreator):
+    """Calls `on_reconnect` before every session after the first.
+
+    MonitoredSession re-creates its session when a peer is lost (TF's
+    Unavailable/Aborted errors) and would otherwise wait silently and for
+    ever; the launcher's callback names the missing peers and gives up after
+    a bounded wait.
+    """
+
+    def __init__(self, inner, on_reconnect):
+        self._inner, self._on_reconnect, self._created = inner, on_reconnect, 0
+
+    def create_session(self):
+        if self._created and self._on_reconnect is not None:
+            self._on_reconnect()
+        self._created += 1
+        return self._inner.create_session()
+
+
+def usable_checkpoint(logdir: str, log_fn: Callable[[str], None]) -> str | None:
+    """The newest checkpoint in `logdir` that reads back whole, quarantining unreadable newer ones.
+
+    Every tensor is read (the reader checks each one's CRC), so a truncated or
+    corrupt checkpoint is found before a restore half-succeeds. Unreadable
+    files are renamed `*.corrupt` and the checkpoint state is pointed at the
+    newest good one, so every later restore (including TF's own recovery)
+    uses it.
+    """
+    state = v1.train.get_checkpoint_state(logdir)
+    if state is None:
+        return None
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    good = list(paths)
+    for path in reversed(paths):
+        try:
+            reader = tf.train.load_checkpoint(path)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+            break
+        except (tf.errors.OpError, ValueError) as e:
+            first = str(getattr(e, "message", e)).strip().splitlines()[0]
+            log_fn(f"WARNING checkpoint {path} is unreadable ({first}); falling back to the one before")
+            for f in tf.io.gfile.glob(path + ".*"):
+                tf.io.gfile.rename(f, f + ".corrupt", overwrite=True)
+            good.remove(path)
+    if good == paths:
+        return good[-1]
+    if good:
+        v1.train.update_checkpoint_state(logdir, good[-1], all_model_checkpoint_paths=good)
+        return good[-1]
+    log_fn("WARNING no readable checkpoint left: starting from scratch")
+    tf.io.gfile.remove(os.path.join(logdir, "checkpoint"))
+    return None
+
+
+def check_writable(logdir: str) -> None:
+    """Fail with one clear line if checkpoints and events cannot be written to `logdir`."""
+    probe = os.path.join(logdir, f".write_probe_{os.getpid()}")
+    try:
+        os.makedirs(logdir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write to the log directory {logdir!r} ({e.strerror}): give a writable --logdir"
+        ) from None
+
+
 def train(
     cluster: Cluster,
     config: TrainConfig,
@@ -96,6 +168,7 @@ def train(
     session_config: tf.compat.v1.ConfigProto | None = None,
     on_built: Callable[[Built], None] | None = None,
     log_fn: Callable[[str], None] = log.info,
+    on_reconnect: Callable[[], None] | None = None,
 ) -> metrics.TaskThroughput:
     """Train this replica until the global step reaches `config.train_steps`.
 
@@ -117,6 +190,8 @@ def train(
             task_logdir=metrics.task_logdir(logdir, job, index),
             cluster_logdir=logdir if cluster.is_chief else None,
             log=log_fn,
+            decay_threshold=config.decay_threshold,
+            decay_window=config.decay_window,
         )
         hooks = [v1.train.StopAtStepHook(last_step=config.train_steps), hook, *strategy.hooks()]
         saver = v1.train.Saver(max_to_keep=config.keep_checkpoints, sharded=True)
@@ -132,16 +207,27 @@ def train(
                     scaffold=scaffold,
                 )
             )
+            usable_checkpoint(logdir, log_fn)
             creator = v1.train.ChiefSessionCreator(
                 scaffold=scaffold, master=target, config=session_config, checkpoint_dir=logdir
             )
         else:
             creator = _WorkerSessionCreator(scaffold, target, session_config, config.peer_wait_secs)
-        with v1.train.MonitoredSession(
-            session_creator=creator, hooks=hooks, stop_grace_period_secs=5
-        ) as session:
-            while not session.should_stop():
-                session.run(built.train_op)
+        creator = _Reconnecting(creator, on_reconnect)
+        try:
+            with v1.train.MonitoredSession(
+                session_creator=creator, hooks=hooks, stop_grace_period_secs=5
+            ) as session:
+                while not session.should_stop():
+                    session.run(built.train_op)
+        except tf.errors.InvalidArgumentError as e:
+            if NON_FINITE not in str(e.message):
+                raise
+            what = str(e.message).split(NON_FINITE, 1)[1].split(":")[0].strip()
+            raise DivergedError(
+                f"{what} became NaN or Inf after global step {hook.result.global_step}: stopping; "
+                "the last checkpoint holds no diverged value (lower the learning rate?)"
+            ) from None
     result = hook.result
     write_result(logdir, job, index, result)
     log_fn(

@@ -7,13 +7,26 @@ every replica reads a different shard.
 
 from __future__ import annotations
 
+import time
+
 import tensorflow as tf
 
 
-def synthetic(model, batch_size: int, replica_index: int = 0, num_replicas: int = 1, seed: int = 0):
+def synthetic(
+    model,
+    batch_size: int,
+    replica_index: int = 0,
+    num_replicas: int = 1,
+    seed: int = 0,
+    slow_after_batches: int = 0,
+    slow_batch_secs: float = 0.0,
+):
     """One fixed random batch, repeated: measures the system, not the data.
 
     The batch is fixed per replica, so a model can fit it and the loss falls.
+    `slow_after_batches`/`slow_batch_secs` make the pipeline wait that long
+    for every batch after the first N: a real slowdown, for testing what
+    watches throughput.
     """
     del num_replicas
     features = tf.random.stateless_uniform(
@@ -22,7 +35,23 @@ def synthetic(model, batch_size: int, replica_index: int = 0, num_replicas: int 
     labels = tf.random.stateless_uniform(
         (batch_size,), seed=[seed + 1, replica_index], maxval=model.num_classes, dtype=tf.int32
     )
-    return tf.data.Dataset.from_tensors((features, labels)).repeat()
+    dataset = tf.data.Dataset.from_tensors((features, labels)).repeat()
+    if slow_batch_secs > 0:
+        dataset = dataset.enumerate().map(
+            lambda i, batch: _wait_after(i, batch, slow_after_batches, slow_batch_secs)
+        )
+    return dataset
+
+
+def _wait_after(index, batch, after: int, secs: float):
+    def wait(i):
+        if i >= after:
+            time.sleep(secs)
+        return i
+
+    done = tf.numpy_function(wait, [index], tf.int64)
+    with tf.control_dependencies([done]):
+        return tuple(tf.identity(t) for t in batch)
 
 
 def shard_files(files: list[str], replica_index: int, num_replicas: int) -> tuple[list[str], bool]:

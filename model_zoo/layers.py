@@ -52,7 +52,9 @@ def conv2d(
         return activation(y) if activation else y
 
 
-def batch_norm(x, training: bool, name: str, momentum: float = 0.9, epsilon: float = 1e-5, scale: bool = True):
+def batch_norm(
+    x, training: bool, name: str, momentum: float = 0.9, epsilon: float = 1e-5, scale: bool = True
+):
     """Batch normalisation over all axes but the last.
 
     In training it normalises with the batch's statistics and adds the
@@ -71,12 +73,18 @@ def batch_norm(x, training: bool, name: str, momentum: float = 0.9, epsilon: flo
             collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.MOVING_AVERAGE_VARIABLES],
         )
         moving_mean = v1.get_variable("moving_mean", [channels], initializer=v1.zeros_initializer(), **stats)
-        moving_var = v1.get_variable("moving_variance", [channels], initializer=v1.ones_initializer(), **stats)
+        moving_var = v1.get_variable(
+            "moving_variance", [channels], initializer=v1.ones_initializer(), **stats
+        )
         if training:
             mean, variance = tf.nn.moments(x, axes)
             decay = 1.0 - momentum
-            v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, moving_mean.assign_sub((moving_mean - mean) * decay))
-            v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, moving_var.assign_sub((moving_var - variance) * decay))
+            v1.add_to_collection(
+                v1.GraphKeys.UPDATE_OPS, moving_mean.assign_sub((moving_mean - mean) * decay)
+            )
+            v1.add_to_collection(
+                v1.GraphKeys.UPDATE_OPS, moving_var.assign_sub((moving_var - variance) * decay)
+            )
         else:
             mean, variance = moving_mean, moving_var
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)

@@ -26,6 +26,15 @@ from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
 
 v1 = tf.compat.v1
+NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
+
+
+def _checked(grad, message: str):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            tf.debugging.check_numerics(grad.values, message), grad.indices, grad.dense_shape
+        )
+    return tf.debugging.check_numerics(grad, message)
 
 
 def visible_gpus() -> int:
@@ -160,10 +169,14 @@ class Strategy(abc.ABC):
                 averaged.append((tf.add_n([g for g, _ in pairs]) / len(pairs), var))
         return averaged
 
-    def minimize(self, optimizer, loss, global_step=None) -> tf.Operation:
+    def minimize(self, optimizer, loss, global_step=None, check_numerics: bool = False) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
         Also runs the UPDATE_OPS (batch-norm statistics) of the first tower.
+        With `check_numerics`, a NaN or Inf in any gradient fails the step
+        before anything is applied (each gradient is checked on its own, so
+        pushing early gradients still overlaps the rest of backprop), and the
+        variables, hence the checkpoints, never hold a diverged value.
         Call inside `scope()`.
         """
         if self.setter is None:
@@ -171,6 +184,10 @@ class Strategy(abc.ABC):
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
         grads_and_vars = self.compute_gradients(optimizer, loss)
+        if check_numerics:
+            grads_and_vars = [
+                (_checked(g, f"{NON_FINITE} gradient of {v.op.name}"), v) for g, v in grads_and_vars
+            ]
         prefix = "tower_0/" if self.num_towers > 1 else ""
         updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
         with tf.control_dependencies(updates):

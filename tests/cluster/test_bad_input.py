@@ -62,7 +62,11 @@ def test_missing_gin_file():
 
 @pytest.mark.parametrize(
     "binding, named",
-    [("TrainConfig.bogus_steps=3", "bogus_steps"), ("no_such_model.depth=3", "no_such_model"), ("mlp.depth=(", "")],
+    [
+        ("TrainConfig.bogus_steps=3", "bogus_steps"),
+        ("no_such_model.depth=3", "no_such_model"),
+        ("mlp.depth=(", ""),
+    ],
 )
 def test_unknown_gin_binding(binding, named):
     r = train_py(GIN + [f"--gin_param={binding}", "--dry_run"], env=env_with())

@@ -25,3 +25,16 @@ def test_summarize():
     assert s.jitter == 2
     assert metrics.summarize([]).count == 0
     assert metrics.summarize([5]).stderr == 0
+
+
+def test_throughput_drop_needs_a_sustained_fall():
+    steady = [100, 102, 99, 101]
+    assert metrics.throughput_drop(steady, window=2) < 0.02  # noise
+    assert metrics.throughput_drop(steady + [50], window=2) < 0.02  # one slow interval is not a drop
+    assert metrics.throughput_drop(steady + [50, 40], window=2) == pytest.approx(0.51, abs=0.01)
+    assert metrics.throughput_drop([100], window=3) == 0  # not enough history
+    assert metrics.throughput_drop([0, 0, 0, 0], window=2) == 0
+
+
+def test_process_memory_is_positive():
+    assert metrics.process_memory_mb() > 10
