@@ -25,6 +25,9 @@ flags.DEFINE_boolean("chief", False, "Add a separate chief task (else worker 0 i
 flags.DEFINE_boolean("evaluator", False, "Add an evaluator task.")
 flags.DEFINE_string("logdir", "/tmp/disttrain_local", "Log directory shared by all tasks.")
 flags.DEFINE_float("timeout", None, "Stop everything after this many seconds.")
+flags.DEFINE_integer(
+    "max_restarts", 0, "Restart a task that dies by a signal or a transient exit code this often."
+)
 FLAGS = flags.FLAGS
 
 
@@ -39,6 +42,7 @@ def main(argv):
         FLAGS.evaluator,
         FLAGS.logdir,
         FLAGS.timeout,
+        FLAGS.max_restarts,
     )
 
 

@@ -104,7 +104,9 @@ def _log(message: str) -> None:
 _NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
 
 
-def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, logdir, timeout) -> int:
+def launch_local(
+    gin_files, gin_params, num_ps, num_workers, chief, evaluator, logdir, timeout, max_restarts=0
+) -> int:
     """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task."""
     from disttrain import local
 
@@ -114,7 +116,17 @@ def launch_local(gin_files, gin_params, num_ps, num_workers, chief, evaluator, l
         fail(
             f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}"
         )
-    cluster = local.LocalCluster(gin_files, logdir, num_ps, num_workers, chief, evaluator, gin_params)
+    cluster = local.LocalCluster(
+        gin_files,
+        logdir,
+        num_ps,
+        num_workers,
+        chief,
+        evaluator,
+        gin_params,
+        max_restarts=max_restarts,
+        on_event=lambda message: print(message, flush=True),
+    )
     follower = local.LogFollower(cluster.chief_task.log_path)
 
     def echo():
