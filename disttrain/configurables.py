@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import model_zoo
 from disttrain import strategies
+from disttrain.bench.tf_default import TFDefault
 from disttrain.config import TrainConfig
 from model_zoo import imagenet, inputs
 
@@ -36,6 +37,7 @@ def register_all() -> None:
     for name in strategies.__all__:
         if name != "Strategy":
             gin.external_configurable(getattr(strategies, name), name)
+    gin.external_configurable(TFDefault, "TFDefault")  # TF's default layout, for the benchmark
     gin.external_configurable(v1.train.AdamOptimizer, "Adam")
     gin.external_configurable(v1.train.GradientDescentOptimizer, "SGD")
     gin.external_configurable(v1.train.MomentumOptimizer, "Momentum")

@@ -1,0 +1,165 @@
+"""From the tasks' log lines to steady-state rates and a measured window: pure functions.
+
+Every replica logs a line each `every_n` of its own steps (metrics.ThroughputHook):
+
+    /job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)
+
+and the chief adds `  1604.2 (cluster)  global_step/sec 12.53`. The rates in a
+line are timed inside the task (perf_counter over exactly `every_n` local
+steps), so they are exact; the benchmark adds the time at which it *saw* the
+line (it polls every 50 ms), used only to decide which intervals count and to
+bracket the window over which link counters are read.
+
+Method:
+
+1. Warm-up: every replica's first `warmup` intervals are dropped (session
+   start, the chief's first checkpoint, the other replicas still starting).
+   `t_start` is when the last replica finished its warm-up: from then on
+   every replica is in steady state at once.
+2. A replica's interval is measured if it began after `t_start` (the line
+   before it was seen at or after `t_start`). A replica's rate is its measured
+   steps over their summed durations (each duration = steps / the line's rate).
+3. The cluster's rates are the chief's `(cluster)` and `global_step/sec`
+   figures averaged the same way, weighted by duration.
+4. The window for byte and CPU counters runs from the chief's first line at or
+   after `t_start` to its last line; the benchmark snapshots the counters as it
+   sees each chief line, and the line carries the global step. Bytes per step =
+   counter difference / global-step difference over the window.
+5. The run is complete once every replica has `measure` measured intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+
+LINE = re.compile(
+    r"^(?P<task>\S+) step (?P<step>\d+)\s+loss \S+\s+examples/sec (?P<local>[\d.]+) \(this task\)"
+    r"(?:\s+(?P<cluster>[\d.]+) \(cluster\)\s+global_step/sec (?P<gsps>[\d.]+))?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One interval line of one replica, with what the benchmark read when it saw it."""
+
+    t: float  # monotonic seconds when the line was seen
+    global_step: int
+    local_examples_per_sec: float
+    cluster_examples_per_sec: float | None = None  # chief only
+    global_steps_per_sec: float | None = None  # chief only
+    link_bytes: tuple[tuple[int, int], ...] | None = None  # per host (sent, received); chief lines
+    cpu_seconds: Mapping[str, float] | None = None  # per task; chief lines
+
+
+def parse_line(line: str) -> dict | None:
+    """The numbers in a throughput line, or None for any other line."""
+    m = LINE.match(line.strip())
+    if not m:
+        return None
+    return {
+        "task": m["task"],
+        "global_step": int(m["step"]),
+        "local_examples_per_sec": float(m["local"]),
+        "cluster_examples_per_sec": float(m["cluster"]) if m["cluster"] else None,
+        "global_steps_per_sec": float(m["gsps"]) if m["gsps"] else None,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Steady-state rates of a run and the chief's window for counters."""
+
+    t_start: float
+    steps_per_sec: Mapping[str, float]  # per replica, its own steps
+    intervals: Mapping[str, int]  # measured intervals per replica
+    cluster_examples_per_sec: float
+    global_steps_per_sec: float
+    window_start: Sample
+    window_end: Sample
+
+    @property
+    def window_seconds(self) -> float:
+        return self.window_end.t - self.window_start.t
+
+    @property
+    def window_global_steps(self) -> int:
+        return self.window_end.global_step - self.window_start.global_step
+
+    def link_bytes_per_step(self) -> list[tuple[float, float]] | None:
+        """(sent, received) per host per global step over the window; None without counters."""
+        a, b = self.window_start.link_bytes, self.window_end.link_bytes
+        steps = self.window_global_steps
+        if a is None or b is None or steps <= 0:
+            return None
+        return [((s1 - s0) / steps, (r1 - r0) / steps) for (s0, r0), (s1, r1) in zip(a, b, strict=True)]
+
+    def cpu_seconds(self) -> dict[str, float] | None:
+        """CPU seconds used over the window, per counter (task); None without counters."""
+        a, b = self.window_start.cpu_seconds, self.window_end.cpu_seconds
+        if a is None or b is None:
+            return None
+        return {task: b[task] - a[task] for task in a if task in b}
+
+    def cpu_seconds_per_step(self) -> dict[str, float] | None:
+        """CPU seconds each counter (task) used per global step over the window."""
+        used, steps = self.cpu_seconds(), self.window_global_steps
+        if used is None or steps <= 0:
+            return None
+        return {task: seconds / steps for task, seconds in used.items()}
+
+
+def _measured(samples: Sequence[Sample], t_start: float) -> list[Sample]:
+    """The samples whose interval began at or after t_start (the previous line was seen then)."""
+    return [s for prev, s in zip(samples, samples[1:], strict=False) if prev.t >= t_start]
+
+
+def measure(
+    samples: Mapping[str, Sequence[Sample]],
+    chief: str,
+    every_n: int,
+    examples_per_step: int,
+    warmup: int,
+    measure: int,
+) -> Measurement | None:
+    """Rates once every replica has `warmup` + `measure` intervals in steady state, else None.
+
+    `samples` maps each replica to its lines in order; `every_n` is the
+    replica's steps per line, `examples_per_step` its examples per step.
+    """
+    if warmup < 1 or measure < 1:
+        raise ValueError(f"need warmup >= 1 and measure >= 1 intervals, got {warmup}, {measure}")
+    if any(len(s) < warmup + measure for s in samples.values()) or chief not in samples:
+        return None
+    t_start = max(s[warmup - 1].t for s in samples.values())
+    measured = {task: _measured(s, t_start) for task, s in samples.items()}
+    if any(len(m) < measure for m in measured.values()):
+        return None
+
+    def duration(s: Sample) -> float:
+        return every_n * examples_per_step / s.local_examples_per_sec if s.local_examples_per_sec else 0.0
+
+    rates = {}
+    for task, ms in measured.items():
+        seconds = sum(duration(s) for s in ms)
+        rates[task] = len(ms) * every_n / seconds if seconds else 0.0
+    chief_ms = measured[chief]
+    seconds = sum(duration(s) for s in chief_ms)
+
+    def weighted(field: str) -> float:
+        values = [(getattr(s, field), duration(s)) for s in chief_ms]
+        if not seconds or any(v is None for v, _ in values):
+            return 0.0
+        return sum(v * d for v, d in values) / seconds
+
+    window = [s for s in samples[chief] if s.t >= t_start]
+    return Measurement(
+        t_start=t_start,
+        steps_per_sec=rates,
+        intervals={task: len(ms) for task, ms in measured.items()},
+        cluster_examples_per_sec=weighted("cluster_examples_per_sec"),
+        global_steps_per_sec=weighted("global_steps_per_sec"),
+        window_start=window[0],
+        window_end=window[-1],
+    )

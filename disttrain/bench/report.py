@@ -1,0 +1,173 @@
+"""The benchmark's report as a table, a JSON file and a plot.
+
+The report is the dict `bench.runner.Benchmark.run()` returns; nothing here
+measures anything. matplotlib (the `bench` extra) is imported only to plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+COLUMNS = (  # (header, key or function of a row, format)
+    ("system", "system", "{}"),
+    ("strategy", "strategy", "{}"),
+    ("N", "workers", "{}"),
+    ("P", "ps", "{}"),
+    ("layout", "layout", "{}"),
+    ("steps/s", "steps_per_sec", "{:.2f}"),
+    ("slowest", "min_worker_steps_per_sec", "{:.2f}"),
+    ("counted", "counted_steps_per_sec", "{:.2f}"),
+    ("ideal", "ideal_steps_per_sec", "{:.2f}"),
+    ("scaling", "scaling_efficiency", "{:.2f}"),
+    ("bound", "bound_steps_per_sec", "{:.2f}"),
+    ("by", "bound_limited_by", "{}"),
+    ("vs bound", "efficiency_vs_bound", "{:.2f}"),
+    ("max MB/st", "busiest_link_bytes_per_step", "MB"),
+    ("min MB/st", "min_link_bytes_per_step", "MB"),
+    ("exp MB/st", "expected_busiest_link_bytes_per_step", "MB"),
+    ("PS max/mean", "ps_load_max_over_mean", "{:.2f}"),
+)
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if fmt == "MB":
+        return f"{value / 1e6:.1f}"
+    return fmt.format(value)
+
+
+def table(report: dict) -> str:
+    """The runs as a fixed-width table, with the reference and the legend's essentials."""
+    cfg = report["config"]
+    ref = report.get("reference") or {}
+    lines = []
+    link = f" at {cfg['link_mbit']:g} Mbit/s" if cfg.get("link_mbit") else ""
+    lines.append(
+        f"{cfg['model']} ({cfg['model_bytes'] / 1e6:.1f} MB), batch {cfg['batch_size']}, "
+        f"{cfg['network']}{link}, threads intra {cfg['intra_op_threads']} inter {cfg['inter_op_threads']}, "
+        f"{cfg['cpus']} CPUs"
+    )
+    if ref.get("steps_per_sec"):
+        lines.append(
+            f"one process alone: {ref['steps_per_sec']:.2f} steps/s "
+            f"({ref['examples_per_sec']:.1f} examples/s)"
+        )
+    elif ref.get("error"):
+        lines.append(f"one process alone: FAILED ({ref['error'].splitlines()[0]})")
+    header = [h for h, _, _ in COLUMNS]
+    rows = []
+    for run in report["runs"]:
+        rows.append([_cell(run, key, fmt) for _, key, fmt in COLUMNS])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    for run, r in zip(report["runs"], rows, strict=True):
+        line = "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+        if run.get("error") or run.get("skipped"):
+            line += "   " + (run.get("error") or f"skipped: {run['skipped']}").splitlines()[0]
+        lines.append(line)
+    lines.append(
+        "steps = batches of one replica; counted = N x slowest worker (async) or the cluster's rate (sync); "
+        "ideal = N x one process; MB/st = link MB per global step"
+    )
+    return "\n".join(lines)
+
+
+def summary(report: dict) -> str:
+    """A few closing lines: the best run per system and what failed."""
+    lines = ["summary:"]
+    best: dict[str, dict] = {}
+    for run in report["runs"]:
+        if run.get("error") or run.get("counted_steps_per_sec") is None:
+            continue
+        if (
+            run["system"] not in best
+            or run["counted_steps_per_sec"] > best[run["system"]]["counted_steps_per_sec"]
+        ):
+            best[run["system"]] = run
+    for system, run in best.items():
+        parts = [f"  {system}: best {run['counted_steps_per_sec']:.2f} counted steps/s at N={run['workers']}"]
+        if run.get("scaling_efficiency") is not None:
+            parts.append(f"scaling {run['scaling_efficiency']:.2f}")
+        if run.get("efficiency_vs_bound") is not None:
+            parts.append(f"{run['efficiency_vs_bound']:.2f} of the bound ({run['bound_limited_by']}-bound)")
+        lines.append(", ".join(parts))
+    failed = [r for r in report["runs"] if r.get("error")]
+    if report.get("reference", {}) and report["reference"].get("error"):
+        lines.append("  reference FAILED")
+    for run in failed:
+        lines.append(
+            f"  FAILED {run['system']} N={run['workers']} P={run['ps']}: {run['error'].splitlines()[0]}"
+        )
+    if len(lines) == 1:
+        lines.append("  no run completed")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+
+
+def plot(report: dict, path: str) -> str | None:
+    """Throughput (examples/s counted) against workers, with the ideal and bound lines.
+
+    Returns None, or a one-line reason if matplotlib is missing (`pip install .[bench]`).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e .[bench]); no plot written"
+    cfg = report["config"]
+    batch = cfg["batch_size"]
+    ref = (report.get("reference") or {}).get("steps_per_sec")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: dict[tuple, list] = {}
+    bounds: dict[tuple, list] = {}
+    for run in report["runs"]:
+        key = (run["system"], run["strategy"], run["ps"], run["layout"])
+        if run.get("counted_steps_per_sec") is not None:
+            series.setdefault(key, []).append((run["workers"], run["counted_steps_per_sec"] * batch))
+        if run.get("bound_steps_per_sec") is not None:
+            bounds.setdefault((run["ps"], run["layout"]), []).append(
+                (run["workers"], run["bound_steps_per_sec"] * batch)
+            )
+    for (system, strategy, ps, layout), points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        name = f"{system} ({strategy}" + (f", {ps} PS {layout})" if ps else ", all-reduce)")
+        ax.plot(xs, ys, marker="o", label=name)
+    for (ps, layout), points in sorted(bounds.items()):
+        xs, ys = zip(*sorted(set(points)), strict=True)
+        ax.plot(
+            xs, ys, linestyle=":", color="grey", label=f"bound ({ps} PS {layout})" if ps else "bound (ring)"
+        )
+    workers = sorted({r["workers"] for r in report["runs"]})
+    if ref and workers:
+        ax.plot(
+            workers,
+            [n * ref * batch for n in workers],
+            linestyle="--",
+            color="black",
+            label="ideal: N x one process",
+        )
+    link = f", {cfg['link_mbit']:g} Mbit/s" if cfg.get("link_mbit") else ""
+    ax.set_title(f"{cfg['model']} batch {batch}, {cfg['network']}{link}")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("examples/s (async: N x slowest worker)")
+    ax.set_xticks(workers or [1])
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

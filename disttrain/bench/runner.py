@@ -1,0 +1,620 @@
+"""Run the scaling benchmark: every system x PS count x worker count, plus one process alone.
+
+    config = BenchConfig(gin_files=("gin/bench/mlp.gin",), load_config=..., workers=(1, 2))
+    report = Benchmark(config, log=print).run()
+
+Each run is a real cluster of bin/train.py processes (disttrain.local), on
+loopback or on emulated hosts with shaped links (bench.netem), stopped by the
+benchmark once every replica has run its warm-up and measured steps (see
+bench.measure for how rates and windows are taken). The reference is the same
+model and batch trained by one process with no cluster at all; its step time
+is C in the bound (bench.bound) and N x its rate is the ideal line.
+
+`load_config(bindings)` turns gin bindings into a TrainConfig (the script
+parses the gin files; this library never reads gin or flags). It is used to
+read the batch size, the log interval, the model's bytes and, by building the
+graph as `launch.dry_run` does, how many bytes each PS holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from disttrain import local, metrics, placement, strategies, trainer
+from disttrain.bench import bound as bound_lib
+from disttrain.bench import measure as measure_lib
+from disttrain.bench import netem
+from disttrain.cluster import PS, WORKER, Cluster
+from disttrain.config import TrainConfig
+from disttrain.errors import ConfigError
+
+v1 = tf.compat.v1
+
+LOCALHOST, EMULATED = "localhost", "emulated"
+NETWORKS = (LOCALHOST, EMULATED)
+SYSTEMS = ("disttrain", "tf_default")
+PLACEMENTS = (bound_lib.DEDICATED, bound_lib.COLOCATED)
+_PORTS = {PS: 2222, WORKER: 2223}  # emulated hosts: each namespace has its own ports
+_POLL_SECS = 0.05
+_PROGRESS_SECS = 20.0
+MACHINE = "machine"  # the CPU counter of the whole machine, next to each task's
+_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
+
+
+class BenchError(ConfigError):
+    """The benchmark cannot run as asked; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyKind:
+    """A replica strategy as the benchmark sees it: how to bind it and how to count it."""
+
+    name: str  # the --strategy value
+    class_name: str  # the gin name and class name
+    synchronous: bool
+    uses_ps: bool
+
+    @property
+    def binding(self) -> str:
+        return f"TrainConfig.strategy=@{self.class_name}"
+
+
+STRATEGIES = {
+    k.name: k
+    for k in (
+        StrategyKind("async_ps", "AsyncParameterServer", synchronous=False, uses_ps=True),
+        StrategyKind("sync_ps", "SyncParameterServer", synchronous=True, uses_ps=True),
+        StrategyKind("allreduce", "SyncAllReduce", synchronous=True, uses_ps=False),
+    )
+}
+TF_DEFAULT = StrategyKind("async_ps", "TFDefault", synchronous=False, uses_ps=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """What to run. Worker and PS counts are per run; every combination is run per system."""
+
+    gin_files: Sequence[str]
+    load_config: Callable[[Sequence[str]], TrainConfig]
+    gin_params: Sequence[str] = ()
+    workers: Sequence[int] = (1, 2)
+    ps: Sequence[int] = (1,)
+    systems: Sequence[str] = SYSTEMS
+    strategy: str | None = None  # None: the config's own
+    network: str = LOCALHOST
+    link_mbit: float | None = None  # emulated only
+    latency_ms: float = 0.0
+    ps_placement: str = bound_lib.DEDICATED
+    warmup_steps: int = 20  # per replica
+    measure_steps: int = 50  # per replica, at least
+    reference: bool = True
+    run_timeout: float = 900.0  # seconds per run
+    logdir: str = "/tmp/disttrain_bench"
+    netns_prefix: str = "dtbench"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    system: str
+    kind: StrategyKind
+    workers: int
+    ps: int
+    layout: str
+
+    @property
+    def label(self) -> str:
+        ps = f" {self.ps} PS {self.layout}" if self.kind.uses_ps else " all-reduce"
+        return f"{self.system} ({self.kind.name}) {self.workers} worker(s){ps}"
+
+
+class RunFailed(Exception):
+    """One run did not reach steady state; the benchmark records it and goes on."""
+
+
+# ---- what each task process is ------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Proc:
+    name: str
+    proc: subprocess.Popen
+    log_path: str
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds all cores of this machine have been busy since boot (any process)."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _other_cores(m: measure_lib.Measurement) -> float | None:
+    """Cores kept busy during the window by processes other than the run's own tasks."""
+    used = m.cpu_seconds()
+    if not used or MACHINE not in used or m.window_seconds <= 0:
+        return None
+    own = sum(v for k, v in used.items() if k != MACHINE)
+    return max(0.0, used[MACHINE] - own) / m.window_seconds
+
+
+def _log_tail(path: str, lines: int = 6) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            kept = [x.rstrip() for x in f if x.strip() and not x.startswith(_NOISE)]
+    except OSError:
+        return ""
+    return "\n".join(kept[-lines:])
+
+
+def model_bytes(config: TrainConfig) -> int:
+    """S: bytes of the model's trainable variables (what a step pulls and pushes)."""
+    with tf.Graph().as_default():
+        config.model.build_variables()
+        return sum(v.shape.num_elements() * v.dtype.size for v in v1.trainable_variables())
+
+
+def ps_loads(config: TrainConfig, num_ps: int) -> list[int]:
+    """Bytes of variables each PS holds under config.strategy (as launch.dry_run builds it)."""
+    jobs = {WORKER: ["localhost:1"], PS: [f"localhost:{i + 2}" for i in range(num_ps)]}
+    view = Cluster(jobs=jobs, task_type=WORKER, task_index=0)
+    built = trainer.build(view, config, config.strategy(view))
+    return placement.ps_loads(built.graph, num_ps, include_slots=False)
+
+
+class Benchmark:
+    """Runs a BenchConfig and returns the report (a JSON-ready dict).
+
+    `log` receives progress lines; `on_update(report)` is called after every
+    run with the report so far (the script writes it, so a stopped benchmark
+    keeps what it measured).
+    """
+
+    def __init__(self, config: BenchConfig, log: Callable[[str], None] = print, on_update=None):
+        self.config = config
+        self.log = log
+        self.on_update = on_update or (lambda report: None)
+        self._validate()
+        self._t0 = time.monotonic()
+
+    # ---- set-up ---------------------------------------------------------------
+
+    def _validate(self) -> None:
+        c = self.config
+        if c.network not in NETWORKS:
+            raise BenchError(f"--network={c.network}: expected one of {', '.join(NETWORKS)}")
+        if c.ps_placement not in PLACEMENTS:
+            raise BenchError(f"--ps_placement={c.ps_placement}: expected one of {', '.join(PLACEMENTS)}")
+        if not c.workers or min(c.workers) < 1:
+            raise BenchError(f"--workers={list(c.workers)}: need worker counts >= 1")
+        if not c.ps or min(c.ps) < 1:
+            raise BenchError(f"--ps={list(c.ps)}: need PS counts >= 1")
+        bad = [s for s in c.systems if s not in SYSTEMS]
+        if bad or not c.systems:
+            raise BenchError(f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}")
+        if c.strategy is not None and c.strategy not in STRATEGIES:
+            raise BenchError(f"--strategy={c.strategy}: expected one of {', '.join(STRATEGIES)}")
+        if c.warmup_steps < 1 or c.measure_steps < 1:
+            raise BenchError(f"need warmup and measured steps >= 1, got {c.warmup_steps}, {c.measure_steps}")
+        if c.network == EMULATED:
+            if c.link_mbit is None or not c.link_mbit > 0:
+                raise BenchError(f"--network=emulated needs --link_mbit > 0, got {c.link_mbit}")
+            reason = netem.check_permitted(latency=c.latency_ms > 0)
+            if reason is not None:
+                raise BenchError(f"emulated hosts unavailable: {reason}")
+        elif c.link_mbit is not None or c.latency_ms:
+            raise BenchError("--link_mbit and --link_latency_ms shape emulated links: use --network=emulated")
+
+    def _kind(self, system: str) -> StrategyKind:
+        if system == "tf_default":
+            return TF_DEFAULT
+        if self.config.strategy is not None:
+            kind = STRATEGIES[self.config.strategy]
+            if kind.class_name not in strategies.__all__:
+                raise BenchError(
+                    f"--strategy={kind.name} unavailable: disttrain.strategies has no {kind.class_name}"
+                )
+            return kind
+        own = self.config.load_config(self._bindings()).strategy
+        for kind in STRATEGIES.values():
+            cls = getattr(strategies, kind.class_name, None)
+            if cls is not None and isinstance(own, type) and issubclass(own, cls):
+                return kind
+        raise BenchError(
+            f"the config's strategy {own!r} is not one the benchmark counts; "
+            f"pass --strategy={'|'.join(STRATEGIES)}"
+        )
+
+    def _bindings(self, kind: StrategyKind | None = None) -> list[str]:
+        """Gin bindings of every run: the user's, then the benchmark's own (which win)."""
+        out = list(self.config.gin_params)
+        out += [
+            f"TrainConfig.train_steps={10**9}",  # the benchmark stops the run itself
+            "TrainConfig.save_checkpoint_steps=None",
+            f"TrainConfig.save_checkpoint_secs={10**9}",
+        ]
+        if kind is not None:
+            out.append(kind.binding)
+        return out
+
+    def _specs(self) -> list[RunSpec]:
+        c = self.config
+        specs = []
+        for system in c.systems:
+            kind = self._kind(system)
+            for ps in c.ps if kind.uses_ps else (0,):
+                layout = c.ps_placement if kind.uses_ps else bound_lib.RING
+                for n in c.workers:
+                    specs.append(RunSpec(system, kind, n, ps, layout))
+        return specs
+
+    # ---- running --------------------------------------------------------------
+
+    def _gin_files(self) -> list[str]:
+        # Tasks run with cwd = the repository; a file given relative to here must still be found.
+        return [os.path.abspath(f) if os.path.exists(f) else f for f in self.config.gin_files]
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self._t0:6.0f}s"
+
+    def _watch(
+        self,
+        procs: list[_Proc],
+        replicas: list[str],
+        chief: str,
+        every_n: int,
+        batch: int,
+        counters: Callable[[], tuple] | None,
+        label: str,
+    ) -> measure_lib.Measurement:
+        """Follow the replicas' logs until steady state is measured; RunFailed otherwise."""
+        c = self.config
+        warmup = max(1, math.ceil(c.warmup_steps / every_n))
+        wanted = max(1, math.ceil(c.measure_steps / every_n))
+        by_name = {p.name: p for p in procs}
+        followers = {r: local.LogFollower(by_name[r].log_path) for r in replicas}
+        samples: dict[str, list[measure_lib.Sample]] = {r: [] for r in replicas}
+        start = next_progress = time.monotonic()
+        while True:
+            for r, follower in followers.items():
+                for line in follower.new_lines():
+                    parsed = measure_lib.parse_line(line)
+                    if parsed is None:
+                        continue
+                    extra = {}
+                    if r == chief:
+                        cpu = {p.name: _cpu_seconds(p.proc.pid) for p in procs}
+                        extra["cpu_seconds"] = {**cpu, MACHINE: _machine_busy_seconds()}
+                        if counters is not None:
+                            extra["link_bytes"] = counters()
+                    del parsed["task"]
+                    samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed, **extra))
+            result = measure_lib.measure(samples, chief, every_n, batch, warmup, wanted)
+            if result is not None:
+                return result
+            for p in procs:
+                code = p.proc.poll()
+                if code is not None:
+                    raise RunFailed(
+                        f"{p.name} exited with code {code} before the measurement ended; "
+                        f"log {p.log_path}:\n{_log_tail(p.log_path)}"
+                    )
+            now = time.monotonic()
+            if now - start > c.run_timeout:
+                raise RunFailed(
+                    f"no steady state after {c.run_timeout:.0f} s (raise --run_timeout or lower "
+                    f"--measure_steps); logs in {os.path.dirname(procs[0].log_path)}"
+                )
+            if now >= next_progress + _PROGRESS_SECS:
+                next_progress = now
+                done = ", ".join(f"{len(s) * every_n}" for s in samples.values())
+                need = (warmup + wanted) * every_n
+                self.log(f"{self._elapsed()}   {label}: steps per replica {done} (need >= {need})")
+            time.sleep(_POLL_SECS)
+
+    def _reference(self, every_n: int, batch: int) -> dict:
+        """One process alone, no cluster: the same model, batch and threads."""
+        logdir = self._fresh(os.path.join(self.config.logdir, "reference"))
+        log_path = os.path.join(logdir, "logs", "local.log")
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        argv = [sys.executable, local.TRAIN_PY, f"--logdir={logdir}"]
+        argv += [f"--gin_file={f}" for f in self._gin_files()]
+        argv += [f"--gin_param={p}" for p in self._bindings(STRATEGIES["async_ps"])]
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.log(f"{self._elapsed()} reference: one process, no cluster; log {log_path}")
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=local.REPO,
+                preexec_fn=local._die_with_parent,
+            )
+        task = "/job:localhost/replica:0/task:0"
+        try:
+            m = self._watch([_Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
+        finally:
+            _stop([proc])
+        rate = m.steps_per_sec[task]
+        cpu = (m.cpu_seconds_per_step() or {}).get(task)
+        other = _other_cores(m)
+        self.log(
+            f"{self._elapsed()} reference: {rate:.2f} steps/s, {rate * batch:.1f} examples/s"
+            + (f" (other processes kept {other:.1f} cores busy)" if other is not None else "")
+        )
+        return {
+            "steps_per_sec": rate,
+            "examples_per_sec": rate * batch,
+            "step_time_sec": 1.0 / rate if rate else None,
+            "cpu_seconds_per_step": cpu,
+            "other_busy_cores": other,
+            "window_seconds": m.window_seconds,
+            "logdir": logdir,
+        }
+
+    @staticmethod
+    def _fresh(path: str) -> str:
+        """An empty directory (a leftover checkpoint would be restored by the chief)."""
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        os.makedirs(path)
+        return path
+
+    def _hosts_of(self, spec: RunSpec) -> tuple[int, dict[tuple[str, int], int]]:
+        """Number of emulated hosts and the host of each (job, index)."""
+        n, p = spec.workers, spec.ps
+        host = {(WORKER, i): i for i in range(n)}
+        if spec.layout == bound_lib.DEDICATED:
+            host.update({(PS, j): n + j for j in range(p)})
+            return n + p, host
+        host.update({(PS, j): j for j in range(p)})  # colocated: PS j on worker j's host
+        return n, host
+
+    def _run_cluster(self, spec: RunSpec, logdir: str, every_n: int, batch: int) -> tuple:
+        """Start the cluster, measure it, stop it. Returns (Measurement, host roles)."""
+        c = self.config
+        kwargs = dict(
+            gin_files=self._gin_files(),
+            logdir=logdir,
+            num_ps=spec.ps,
+            num_workers=spec.workers,
+            gin_params=self._bindings(spec.kind),
+        )
+        label = f"{spec.system} {spec.workers}w/{spec.ps}ps"
+        if c.network == LOCALHOST:
+            cluster = local.LocalCluster(**kwargs)
+            return self._measure_cluster(cluster, every_n, batch, None, label), None
+        num_hosts, host = self._hosts_of(spec)
+        roles = [[] for _ in range(num_hosts)]
+        for (job, i), h in sorted(host.items()):
+            roles[h].append(f"{job}{i}")
+        with netem.EmulatedHosts(num_hosts, c.link_mbit, c.latency_ms, prefix=c.netns_prefix) as hosts:
+
+            def address(job: str, i: int) -> str:
+                return f"{hosts.address(host[(job, i)])}:{_PORTS[job]}"
+
+            def popen(task, argv, env, log_file):
+                return hosts.popen(
+                    host[(task.job, task.index)],
+                    argv,
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=local.REPO,
+                    preexec_fn=local._die_with_parent,
+                )
+
+            def counters() -> tuple:
+                return tuple(hosts.link_bytes(h) for h in range(num_hosts))
+
+            cluster = local.LocalCluster(**kwargs, addresses=address, popen=popen)
+            m = self._measure_cluster(cluster, every_n, batch, counters, label)
+        return m, ["+".join(r) for r in roles]
+
+    def _measure_cluster(self, cluster, every_n, batch, counters, label) -> measure_lib.Measurement:
+        try:
+            cluster.start()
+            procs = [_Proc(t.name, t.proc, t.log_path) for t in cluster.tasks]
+            replicas = [t.name for t in cluster.tasks if t.job != PS]
+            return self._watch(procs, replicas, cluster.chief_task.name, every_n, batch, counters, label)
+        finally:
+            cluster.stop()
+
+    # ---- the whole benchmark ------------------------------------------------------
+
+    def run(self) -> dict:
+        c = self.config
+        specs = self._specs()
+        base = c.load_config(self._bindings())
+        every_n, batch = base.log_every_steps, base.batch_size
+        s_bytes = model_bytes(base)
+        link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
+        report = {
+            "config": {
+                "gin_files": list(c.gin_files),
+                "gin_params": list(c.gin_params),
+                "model": type(base.model).__name__,
+                "model_bytes": s_bytes,
+                "batch_size": batch,
+                "intra_op_threads": base.intra_op_threads,
+                "inter_op_threads": base.inter_op_threads,
+                "network": c.network,
+                "link_mbit": c.link_mbit,
+                "latency_ms": c.latency_ms,
+                "ps_placement": c.ps_placement,
+                "warmup_steps": c.warmup_steps,
+                "measure_steps": c.measure_steps,
+                "steps_per_log_line": every_n,
+                "cpus": os.cpu_count(),
+                "tensorflow": tf.__version__,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            },
+            "reference": None,
+            "runs": [],
+        }
+        self.log(
+            f"benchmark: {len(specs)} run(s) + reference; model {report['config']['model']} "
+            f"{s_bytes / 1e6:.1f} MB, batch {batch}, {c.network}"
+            + (f" {c.link_mbit:g} Mbit/s" if c.network == EMULATED else "")
+            + f"; logs in {c.logdir}"
+        )
+        loads_cache: dict[tuple[str, int], list[int]] = {}
+        for spec in specs:
+            if spec.kind.uses_ps and (spec.system, spec.ps) not in loads_cache:
+                config = c.load_config(self._bindings(spec.kind))
+                loads_cache[(spec.system, spec.ps)] = ps_loads(config, spec.ps)
+        if c.reference:
+            try:
+                report["reference"] = self._reference(every_n, batch)
+            except RunFailed as e:
+                report["reference"] = {"error": str(e)}
+                self.log(f"{self._elapsed()} reference FAILED: {e}")
+            self.on_update(report)
+        ref = (report["reference"] or {}).get("steps_per_sec")
+        for k, spec in enumerate(specs, 1):
+            row = self._row(spec, s_bytes, batch, link_rate, ref, loads_cache.get((spec.system, spec.ps)))
+            if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
+                row["skipped"] = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
+                report["runs"].append(row)
+                self.log(f"{self._elapsed()} [{k}/{len(specs)}] {spec.label}: skipped, {row['skipped']}")
+                continue
+            logdir = self._fresh(os.path.join(c.logdir, f"{k:02d}_{spec.system}_{spec.workers}w{spec.ps}ps"))
+            row["logdir"] = logdir
+            self.log(f"{self._elapsed()} [{k}/{len(specs)}] {spec.label}: logs {logdir}/logs")
+            t = time.monotonic()
+            try:
+                m, roles = self._run_cluster(spec, logdir, every_n, batch)
+            except (RunFailed, netem.NetemError) as e:
+                row["error"] = str(e)
+                self.log(f"{self._elapsed()} [{k}/{len(specs)}] FAILED: {e}")
+            else:
+                self._fill(row, spec, m, roles, batch, ref)
+                self.log(
+                    f"{self._elapsed()} [{k}/{len(specs)}] done in {time.monotonic() - t:.0f}s: "
+                    f"{row['steps_per_sec']:.2f} steps/s, "
+                    f"slowest worker {row['min_worker_steps_per_sec']:.2f}"
+                    + _fmt_eff(" scaling", row["scaling_efficiency"])
+                    + _fmt_eff(" vs bound", row["efficiency_vs_bound"])
+                    + (
+                        f"; other processes kept {row['other_busy_cores']:.1f} cores busy"
+                        if row["other_busy_cores"] is not None
+                        else ""
+                    )
+                )
+            report["runs"].append(row)
+            self.on_update(report)
+        return report
+
+    def _row(self, spec: RunSpec, s_bytes, batch, link_rate, ref, loads) -> dict:
+        """The run's row with everything known before it runs (bound, placement)."""
+        c = self.config
+        row = {
+            "system": spec.system,
+            "strategy": spec.kind.name,
+            "synchronous": spec.kind.synchronous,
+            "network": c.network,
+            "layout": spec.layout,
+            "workers": spec.workers,
+            "ps": spec.ps,
+            "link_mbit": c.link_mbit if c.network == EMULATED else None,
+            "batch_size": batch,
+            "ps_loads": loads,
+            "ps_load_max_over_mean": placement.max_over_mean(loads) if loads else None,
+            "error": None,
+        }
+        if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
+            return row
+        per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
+        loads_per_round = bound_lib.link_loads(spec.layout, s_bytes, spec.workers, spec.ps)
+        row["expected_busiest_link_bytes_per_step"] = (
+            max(x.bytes_per_round for x in loads_per_round) / per_round
+        )
+        row["expected_min_link_bytes_per_step"] = min(x.bytes_per_round for x in loads_per_round) / per_round
+        if ref:
+            b = bound_lib.bound(spec.layout, s_bytes, spec.workers, spec.ps, link_rate, 1.0 / ref)
+            row.update(
+                bound_steps_per_sec=b.steps_per_sec,
+                bound_limited_by=b.limited_by,
+                bound_comm_time_per_round=b.comm_time,
+                ideal_steps_per_sec=spec.workers * ref,
+            )
+        return row
+
+    def _fill(self, row: dict, spec: RunSpec, m: measure_lib.Measurement, roles, batch: int, ref) -> None:
+        """The measured figures of a finished run."""
+        per_worker = list(m.steps_per_sec.values())
+        steps = m.cluster_examples_per_sec / batch
+        # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.
+        counted = steps if spec.kind.synchronous else metrics.async_throughput(per_worker)
+        links = m.link_bytes_per_step()
+        row.update(
+            steps_per_sec=steps,
+            global_steps_per_sec=m.global_steps_per_sec,
+            examples_per_sec=m.cluster_examples_per_sec,
+            per_worker_steps_per_sec=per_worker,
+            per_worker_examples_per_sec=[r * batch for r in per_worker],
+            min_worker_steps_per_sec=min(per_worker),
+            counted_steps_per_sec=counted,
+            counted_examples_per_sec=counted * batch,
+            scaling_efficiency=metrics.scaling_efficiency(counted, spec.workers, ref) if ref else None,
+            efficiency_vs_bound=(
+                bound_lib.efficiency(counted, row["bound_steps_per_sec"])
+                if "bound_steps_per_sec" in row
+                else None
+            ),
+            busiest_link_bytes_per_step=max(max(x) for x in links) if links else None,
+            min_link_bytes_per_step=min(max(x) for x in links) if links else None,
+            link_bytes_per_step=(
+                [
+                    {"host": h, "tasks": r, "sent": s, "received": rcv}
+                    for h, (r, (s, rcv)) in enumerate(zip(roles, links, strict=True))
+                ]
+                if links
+                else None
+            ),
+            cpu_seconds_per_step={k: v for k, v in (m.cpu_seconds_per_step() or {}).items() if k != MACHINE},
+            other_busy_cores=_other_cores(m),
+            window_seconds=m.window_seconds,
+            window_global_steps=m.window_global_steps,
+            measured_intervals=dict(m.intervals),
+        )
+
+
+def _fmt_eff(label: str, value: float | None) -> str:
+    return f",{label} {value:.2f}" if value is not None else ""
+
+
+def _stop(procs: list[subprocess.Popen], grace_secs: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_secs
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,170 @@
+"""bin/benchmark.py end to end at tiny size: on loopback, and on emulated hosts (root)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from disttrain import configurables
+from disttrain.bench import netem
+from disttrain.local import REPO
+
+BENCHMARK = os.path.join(REPO, "bin", "benchmark.py")
+TINY = "gin/testing/tiny.gin"
+RUN_KEYS = {
+    "system",
+    "strategy",
+    "network",
+    "workers",
+    "ps",
+    "link_mbit",
+    "steps_per_sec",
+    "examples_per_sec",
+    "min_worker_steps_per_sec",
+    "bound_steps_per_sec",
+    "efficiency_vs_bound",
+    "busiest_link_bytes_per_step",
+    "min_link_bytes_per_step",
+    "ps_load_max_over_mean",
+    "scaling_efficiency",
+}
+
+
+def benchmark(args, tmp_path, timeout=240) -> tuple[subprocess.CompletedProcess, dict | None, int]:
+    """Run bin/benchmark.py; return the process, its JSON report (if written) and its pid."""
+    out = tmp_path / "report.json"
+    argv = [sys.executable, BENCHMARK, f"--logdir={tmp_path / 'logs'}", f"--out={out}", *args]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    report = json.loads(out.read_text()) if out.exists() else None
+    return done, report, proc.pid
+
+
+def _explain(done: subprocess.CompletedProcess) -> str:
+    return f"exit {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+
+
+def _check_row(run: dict) -> None:
+    assert RUN_KEYS <= set(run), sorted(RUN_KEYS - set(run))
+    assert run["error"] is None, run["error"]
+    assert run["steps_per_sec"] > 0 and run["examples_per_sec"] > 0
+    assert 0 < run["min_worker_steps_per_sec"] <= max(run["per_worker_steps_per_sec"])
+    assert run["bound_steps_per_sec"] > 0
+    assert 0 < run["efficiency_vs_bound"] < 1.5
+    assert 0 < run["scaling_efficiency"] < 1.5
+    assert run["ps_load_max_over_mean"] == pytest.approx(1.0)  # one PS holds everything
+
+
+@pytest.mark.cluster
+def test_localhost_both_systems(tmp_path):
+    args = [
+        "--gin_file=gin/bench/mlp.gin",
+        f"--gin_file={TINY}",
+        "--workers=1",
+        "--ps=1",
+        "--systems=disttrain,tf_default",
+        "--warmup_steps=10",
+        "--measure_steps=20",
+    ]
+    done, report, _ = benchmark(args, tmp_path)
+    assert done.returncode == 0, _explain(done)
+    assert report["reference"]["steps_per_sec"] > 0
+    assert report["config"]["intra_op_threads"] == 1
+    runs = report["runs"]
+    assert [(r["system"], r["strategy"], r["workers"], r["ps"]) for r in runs] == [
+        ("disttrain", "async_ps", 1, 1),
+        ("tf_default", "async_ps", 1, 1),
+    ]
+    for run in runs:
+        _check_row(run)
+        assert run["network"] == "localhost" and run["link_mbit"] is None
+        assert run["busiest_link_bytes_per_step"] is None  # loopback has no per-host counters
+        assert run["bound_limited_by"] == "compute"  # unlimited links: the bound is N x one process
+        assert run["bound_steps_per_sec"] == pytest.approx(report["reference"]["steps_per_sec"])
+    assert "tf_default" in done.stdout and "summary:" in done.stdout
+    assert os.path.getsize(tmp_path / "report.png") > 0
+
+
+@pytest.mark.netem
+def test_emulated_link_bytes_and_cleanup(tmp_path):
+    reason = netem.check_permitted()
+    if reason is not None:
+        pytest.skip(reason)
+    args = [
+        "--gin_file=gin/bench/mlp.gin",
+        f"--gin_file={TINY}",
+        "--workers=1",
+        "--ps=1",
+        "--systems=disttrain",
+        "--network=emulated",
+        "--link_mbit=100",
+        "--warmup_steps=10",
+        "--measure_steps=20",
+    ]
+    done, report, pid = benchmark(args, tmp_path)
+    assert done.returncode == 0, _explain(done)
+    (run,) = report["runs"]
+    _check_row(run)
+    assert (run["network"], run["link_mbit"], run["bound_limited_by"]) == ("emulated", 100.0, "network")
+    # Tiny MLP: 32*64+64 + 64*64+64 + 64*10+10 = 6,922 params = 27,688 bytes each way per step.
+    assert report["config"]["model_bytes"] == 27_688
+    assert run["busiest_link_bytes_per_step"] > 0 and run["min_link_bytes_per_step"] > 0
+    hosts = {h["tasks"]: h for h in run["link_bytes_per_step"]}
+    assert set(hosts) == {"worker0", "ps0"}  # dedicated: the PS on its own host
+    # Headers add a few per cent; the payload must be there in both directions.
+    for h in hosts.values():
+        assert 0.9 * 27_688 < h["sent"] < 1.5 * 27_688
+        assert 0.9 * 27_688 < h["received"] < 1.5 * 27_688
+    left = [ns for ns in netem._netns_list() if ns.startswith(f"dtbench-{pid}-")]
+    assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.mark.netem
+def test_emulated_needs_a_link_rate(tmp_path):
+    done, _, _ = benchmark(["--gin_file=gin/bench/mlp.gin", "--network=emulated"], tmp_path, timeout=120)
+    assert done.returncode != 0
+    assert "--link_mbit" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.netem
+def test_latency_unsupported_is_one_line(tmp_path):
+    if netem.check_permitted() is not None:
+        pytest.skip(netem.check_permitted())
+    if netem.check_permitted(latency=True) is None:
+        pytest.skip("this kernel has sch_netem: latency works")
+    args = ["--gin_file=gin/bench/mlp.gin", "--network=emulated", "--link_mbit=100", "--link_latency_ms=5"]
+    done, report, _ = benchmark(args, tmp_path, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("disttrain: error: emulated hosts unavailable") and "sch_netem" in last
+    assert report is None  # nothing ran
+
+
+CONFIGS = sorted(
+    p for p in glob.glob(os.path.join(REPO, "gin", "bench", "*.gin")) if not p.endswith("threads.gin")
+)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_bench_configs_parse(path):
+    configurables.register_all()
+    gin.add_config_file_search_path(REPO)
+    gin.clear_config()
+    try:
+        gin.parse_config_files_and_bindings([path, os.path.join(REPO, TINY)], [], skip_unknown=False)
+        config = configurables.train_config().validate()
+    finally:
+        gin.clear_config()
+    assert config.intra_op_threads == 1

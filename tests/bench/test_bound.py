@@ -1,0 +1,120 @@
+"""The physical bound, on cases worked out by hand (the arithmetic is in the comments)."""
+
+import math
+
+import pytest
+
+from disttrain.bench import bound as b
+
+MB = 1e6
+
+
+def test_link_rate():
+    # 1000 Mbit/s = 1e9 bit/s / 8 = 125e6 bytes/s per direction; 500 Mbit/s = 62.5e6.
+    assert b.link_rate_bytes(1000) == 125e6
+    assert b.link_rate_bytes(500) == 62.5e6
+    assert b.link_rate_bytes(None) == math.inf
+    with pytest.raises(ValueError):
+        b.link_rate_bytes(0)
+
+
+def test_dedicated_ps_link_is_the_bottleneck():
+    # S = 100 MB, N = 2 workers, P = 1 dedicated PS host, B = 100 MB/s (800 Mbit/s), C = 0.1 s.
+    # Per round (each worker one step): a worker link carries S = 100 MB each way (pull
+    # S, push S); the PS link carries N*S/P = 2*100/1 = 200 MB each way.
+    loads = b.link_loads(b.DEDICATED, 100 * MB, workers=2, ps=1)
+    assert [(x.role, x.hosts, x.bytes_per_round) for x in loads] == [
+        ("worker", 2, 100 * MB),
+        ("ps", 1, 200 * MB),
+    ]
+    # comm = 200 MB / 100 MB/s = 2 s > C = 0.1 s: T = 2 s per round, 2 replica steps per
+    # round, so 2 / 2 = 1 step/s for the cluster, network-bound.
+    r = b.bound(b.DEDICATED, 100 * MB, 2, 1, b.link_rate_bytes(800), 0.1)
+    assert r.comm_time == pytest.approx(2.0)
+    assert r.round_time == pytest.approx(2.0)
+    assert r.steps_per_sec == pytest.approx(1.0)
+    assert r.limited_by == "network"
+
+
+def test_dedicated_more_ps_moves_the_bottleneck_to_the_worker_link():
+    # S = 100 MB, N = 4, P = 4: PS link N*S/P = 4*100/4 = 100 MB = worker link 100 MB.
+    # B = 50 MB/s (400 Mbit/s): comm = 100/50 = 2 s; C = 0.5 s; T = 2 s; 4 / 2 = 2 steps/s.
+    assert b.busiest_bytes_per_round(b.DEDICATED, 100 * MB, 4, 4) == pytest.approx(100 * MB)
+    assert b.bound(b.DEDICATED, 100 * MB, 4, 4, 50 * MB, 0.5).steps_per_sec == pytest.approx(2.0)
+    # P = 8 > N: PS links carry 4*100/8 = 50 MB, worker links still 100 MB: the busiest is 100.
+    assert b.busiest_bytes_per_round(b.DEDICATED, 100 * MB, 4, 8) == pytest.approx(100 * MB)
+    assert b.least_bytes_per_round(b.DEDICATED, 100 * MB, 4, 8) == pytest.approx(50 * MB)
+
+
+def test_colocated_one_ps_per_host_is_2s_n_minus_1_over_n():
+    # The MLP: S = 18,882,816 params x 4 bytes = 75,531,264 bytes. N = P = 4 colocated,
+    # 500 Mbit/s = 62.5e6 B/s. Each host link: 2S(N-1)/N = 2 * 75,531,264 * 3/4
+    # = 113,296,896 bytes per round each way; 113,296,896 / 62.5e6 = 1.81275 s.
+    s = 75_531_264
+    assert b.busiest_bytes_per_round(b.COLOCATED, s, 4, 4) == pytest.approx(113_296_896)
+    # Via the general formula S + (N-2)S/P = S + 2S/4 = 1.5 S, the same number.
+    assert 1.5 * s == 113_296_896
+    # C = 0.04 s (batch 32): T = max(0.04, 1.81275) = 1.81275 s; 4 / 1.81275 = 2.2066 steps/s.
+    r = b.bound(b.COLOCATED, s, 4, 4, b.link_rate_bytes(500), 0.04)
+    assert r.comm_time == pytest.approx(1.81275, rel=1e-5)
+    assert r.steps_per_sec == pytest.approx(4 / 1.81275, rel=1e-5)
+    assert r.limited_by == "network"
+    # Async, per global step (a round is N = 4 global steps): 113.3 MB / 4 = 28.3 MB per step.
+    assert b.global_steps_per_round(4, synchronous=False) == 4
+    assert b.global_steps_per_round(4, synchronous=True) == 1
+
+
+def test_colocated_fewer_ps_than_hosts():
+    # S = 120 MB, N = 4, P = 2: a host with a PS carries S + (N-2)S/P = 120 + 2*120/2 = 240 MB
+    # (its own pull and push of the remote 60 MB, 60 MB, plus serving 3 other workers 60 MB
+    # each: 60 + 180 = 240); a host without a PS carries S = 120 MB.
+    loads = b.link_loads(b.COLOCATED, 120 * MB, 4, 2)
+    assert [(x.role, x.hosts, x.bytes_per_round) for x in loads] == [
+        ("worker+ps", 2, pytest.approx(240 * MB)),
+        ("worker", 2, 120 * MB),
+    ]
+
+
+def test_one_host_has_nothing_to_send():
+    # Colocated N = P = 1: S + (1-2)S/1 = 0. Ring N = 1: 2S(0)/1 = 0. Compute-bound: 1/C.
+    assert b.busiest_bytes_per_round(b.COLOCATED, 100 * MB, 1, 1) == 0
+    assert b.busiest_bytes_per_round(b.RING, 100 * MB, 1, 0) == 0
+    r = b.bound(b.RING, 100 * MB, 1, 0, b.link_rate_bytes(10), 0.25)
+    assert (r.steps_per_sec, r.limited_by) == (4.0, "compute")
+
+
+def test_ring_all_reduce():
+    # S = 100 MB, N = 4: 2 * 100 * 3/4 = 150 MB each way per host per step.
+    # B = 125e6 (1 Gbit/s): 1.2 s; C = 0.3 s: T = 1.2 s; 4 / 1.2 = 3.333 steps/s.
+    assert b.busiest_bytes_per_round(b.RING, 100 * MB, 4, 0) == pytest.approx(150 * MB)
+    assert b.bound(b.RING, 100 * MB, 4, 0, 125e6, 0.3).steps_per_sec == pytest.approx(4 / 1.2)
+
+
+def test_compute_bound_cifar10_at_1_gbit():
+    # CIFAR-10 CNN, S = 4.3 MB, 1 worker + 1 dedicated PS at 1000 Mbit/s (125e6 B/s):
+    # worker and PS links carry 4.3 MB each way: 4.3e6 / 125e6 = 0.0344 s per step.
+    # One process alone: 19.2 steps/s, C = 1/19.2 = 0.0521 s > 0.0344 s: compute-bound,
+    # the bound is 1 / C = 19.2 steps/s, and 11.2 measured (FACTS.md) is 11.2/19.2 = 0.583.
+    r = b.bound(b.DEDICATED, 4.3 * MB, 1, 1, b.link_rate_bytes(1000), 1 / 19.2)
+    assert r.comm_time == pytest.approx(0.0344)
+    assert r.limited_by == "compute"
+    assert r.steps_per_sec == pytest.approx(19.2)
+    assert b.efficiency(11.2, r.steps_per_sec) == pytest.approx(0.5833, abs=1e-4)
+
+
+def test_unlimited_link_is_the_ideal_line():
+    # Loopback: B unlimited, the bound is N / C = N x one process alone.
+    assert b.bound(b.DEDICATED, 100 * MB, 3, 1, math.inf, 0.2).steps_per_sec == pytest.approx(15.0)
+
+
+def test_bad_layouts_are_refused():
+    with pytest.raises(ValueError, match="ps <= workers"):
+        b.link_loads(b.COLOCATED, 1, workers=2, ps=3)
+    with pytest.raises(ValueError, match="no PS"):
+        b.link_loads(b.RING, 1, workers=2, ps=1)
+    with pytest.raises(ValueError, match="at least 1 PS"):
+        b.link_loads(b.DEDICATED, 1, workers=2, ps=0)
+    with pytest.raises(ValueError, match="unknown layout"):
+        b.link_loads("mesh", 1, 2, 1)
+    with pytest.raises(ValueError, match="compute_time"):
+        b.bound(b.DEDICATED, 1, 1, 1, 1e6, 0)

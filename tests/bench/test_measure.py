@@ -1,0 +1,72 @@
+"""Steady-state rates and windows from log lines (pure, no processes)."""
+
+import pytest
+
+from disttrain.bench.measure import Sample, measure, parse_line
+
+
+def test_parse_worker_and_chief_lines():
+    w = parse_line("/job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)")
+    assert w == {
+        "task": "/job:worker/task:1",
+        "global_step": 840,
+        "local_examples_per_sec": 402.1,
+        "cluster_examples_per_sec": None,
+        "global_steps_per_sec": None,
+    }
+    c = parse_line(
+        "/job:worker/task:0 step 850  loss 2.3  examples/sec 400.0 (this task)  1604.2 (cluster)  "
+        "global_step/sec 12.53"
+    )
+    assert (c["cluster_examples_per_sec"], c["global_steps_per_sec"]) == (1604.2, 12.53)
+    assert parse_line("/job:worker/task:0 finished: 2 local steps to global step 32") is None
+    assert parse_line("placement (variables per PS): 1 PS") is None
+
+
+def _samples(t0, period, n, step0, dstep, eps, chief=False, bytes_per_step=None):
+    out = []
+    for k in range(n):
+        step = step0 + k * dstep
+        out.append(
+            Sample(
+                t=t0 + k * period,
+                global_step=step,
+                local_examples_per_sec=eps,
+                cluster_examples_per_sec=2 * eps if chief else None,
+                global_steps_per_sec=2 * eps / 10 if chief else None,
+                link_bytes=((step * bytes_per_step, step * bytes_per_step),) if bytes_per_step else None,
+                cpu_seconds={"w0": step * 0.01} if chief else None,
+            )
+        )
+    return out
+
+
+def test_rates_and_window():
+    # Two replicas, 10 steps per line, batch 10. The chief logs every 1 s at 100 examples/s
+    # (10 steps/s); the other starts 2.5 s later and logs every 2 s at 50 examples/s.
+    # Warm-up 1 interval: the chief's first line is at t=0, the other's at t=2.5, so
+    # t_start = 2.5. Measured chief intervals begin at lines seen >= 2.5 (t=3, 4, ...).
+    chief = _samples(0.0, 1.0, 10, 10, 20, 100.0, chief=True, bytes_per_step=1000)
+    other = _samples(2.5, 2.0, 4, 15, 20, 50.0)
+    m = measure({"w0": chief, "w1": other}, "w0", every_n=10, examples_per_step=10, warmup=1, measure=2)
+    assert m is not None
+    assert m.t_start == 2.5
+    # chief: lines at t = 4..9 follow lines seen at >= 2.5 (t = 3..8): 6 intervals.
+    # other: lines at t = 4.5, 6.5, 8.5 follow 2.5, 4.5, 6.5: 3 intervals.
+    assert m.intervals == {"w0": 6, "w1": 3}
+    assert m.steps_per_sec == {"w0": pytest.approx(10.0), "w1": pytest.approx(5.0)}
+    assert m.cluster_examples_per_sec == pytest.approx(200.0)
+    # Window: chief lines t = 3 (global step 70) to t = 9 (step 190): 120 steps in 6 s.
+    assert (m.window_start.t, m.window_end.t, m.window_global_steps) == (3.0, 9.0, 120)
+    assert m.link_bytes_per_step() == [(pytest.approx(1000.0), pytest.approx(1000.0))]
+    assert m.cpu_seconds_per_step() == {"w0": pytest.approx(0.01)}
+
+
+def test_not_ready_until_every_replica_has_measured_intervals():
+    chief = _samples(0.0, 1.0, 10, 10, 20, 100.0, chief=True)
+    late = _samples(8.5, 1.0, 2, 15, 20, 50.0)  # warm at 8.5: only one interval after it
+    assert measure({"w0": chief, "w1": late}, "w0", 10, 10, warmup=1, measure=2) is None
+    late.append(_samples(10.5, 1.0, 1, 55, 20, 50.0)[0])  # second interval: but the chief has 1
+    assert measure({"w0": chief, "w1": late}, "w0", 10, 10, warmup=1, measure=2) is None
+    with pytest.raises(ValueError):
+        measure({"w0": chief}, "w0", 10, 10, warmup=0, measure=1)
