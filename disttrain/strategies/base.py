@@ -108,15 +108,17 @@ class Strategy(abc.ABC):
 
     # ---- gradients ----------------------------------------------------
 
-    def _build_towers(self, loss_fn: Callable[[], tf.Tensor]):
+    def _build_towers(self, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
         """Call loss_fn once per tower; return (losses, [(grad, var)] per tower).
 
-        With several towers each variable is read once per step onto this host
-        and the towers share that copy, so a host pulls each variable once
-        however many devices it has.
+        Each trainable variable is read once per step onto this host, by
+        `read(variable) -> tensor` (default: a plain read), and the towers
+        share that copy, so a host pulls each variable once however many
+        devices it has. Gradients are taken with respect to the copies.
         """
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         setter = self.setter
+        read = read or tf.identity
 
         def caching_getter(getter, name, *args, **kwargs):
             var = getter(name, *args, **kwargs)
@@ -125,7 +127,7 @@ class Strategy(abc.ABC):
             if name not in cached:
                 with setter.tower(self.compute_devices[0]), tf.name_scope("cached_read"):
                     parts = placement.variable_parts(var)
-                    copies = [tf.identity(p) for p in parts]
+                    copies = [read(p) for p in parts]
                     if len(copies) == 1:
                         value = copies[0]
                     else:
@@ -149,18 +151,29 @@ class Strategy(abc.ABC):
                 losses.append(loss)
         return losses, tower_grads
 
-    def compute_gradients(self, optimizer, loss) -> list[tuple[tf.Tensor, tf.Variable]]:
-        """Gradients of the mean loss over this task's towers, averaged on the host."""
+    def compute_gradients(
+        self, optimizer, loss, read: Callable | None = None
+    ) -> list[tuple[tf.Tensor, tf.Variable]]:
+        """Gradients of the mean loss over this task's towers, averaged on the host.
+
+        `read` (see _build_towers) needs a loss function, even with one tower.
+        """
         if not callable(loss):
-            if self.num_towers > 1:
-                raise ConfigError("with several towers, pass minimize() a loss function, not a tensor")
+            if self.num_towers > 1 or read is not None:
+                raise ConfigError(
+                    f"{type(self).__name__} with several towers or worker-side copies needs minimize() "
+                    "to get a loss function, not a loss tensor"
+                )
             self.loss = loss
             return [(g, v) for g, v in optimizer.compute_gradients(loss) if g is not None]
-        if self.num_towers == 1:
+        if self.num_towers == 1 and read is None:
             with self.setter.tower(self.compute_devices[0]):
                 self.loss = loss()
             return [(g, v) for g, v in optimizer.compute_gradients(self.loss) if g is not None]
-        losses, tower_grads = self._build_towers(loss)
+        losses, tower_grads = self._build_towers(loss, read)
+        if len(losses) == 1:
+            self.loss = losses[0]
+            return tower_grads[0]
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("tower_mean"):
             self.loss = tf.add_n(losses) / len(losses)
             averaged = []
