@@ -132,7 +132,7 @@ class Strategy(abc.ABC):
                         value = copies[0]
                     else:
                         value = tf.concat(copies, axis=self.plan.parts[name][0])
-                cached[name] = (value, list(zip(copies, parts)))
+                cached[name] = (value, list(zip(copies, parts, strict=True)))
             return cached[name][0]
 
         losses, tower_grads = [], []
@@ -147,7 +147,7 @@ class Strategy(abc.ABC):
                 loss = loss_fn()
                 copies = [pair for _, pairs in cached.values() for pair in pairs]
                 grads = tf.gradients(loss, [c for c, _ in copies])
-                tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies) if g is not None])
+                tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies, strict=True) if g is not None])
                 losses.append(loss)
         return losses, tower_grads
 
@@ -177,7 +177,7 @@ class Strategy(abc.ABC):
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("tower_mean"):
             self.loss = tf.add_n(losses) / len(losses)
             averaged = []
-            for pairs in zip(*tower_grads):
+            for pairs in zip(*tower_grads, strict=True):
                 var = pairs[0][1]
                 averaged.append((tf.add_n([g for g, _ in pairs]) / len(pairs), var))
         return averaged

@@ -90,7 +90,7 @@ def test_transfer_dtype_needs_overlap():
 
 
 def test_simulation_is_the_schedule_we_claim():
-    # step1 pushes nothing; step 2 pushes g1 = -1; step 3 pushes g2 = -1; step 4 pushes g3 = -0.5; flush g4 = 0.
+    # step 1 pushes nothing; steps 2, 3, 4 push g1 = -1, g2 = -1, g3 = -0.5; the flush pushes g4 = 0.
     assert simulate(4) == pytest.approx(1.25)
     assert np.isclose(simulate(4, flush=False), 1.25)
     assert simulate(5) == pytest.approx(
