@@ -27,7 +27,9 @@ COLUMNS = (  # (header, key or function of a row, format)
     ("min MB/st", "min_link_bytes_per_step", "MB"),
     ("exp MB/st", "expected_busiest_link_bytes_per_step", "MB"),
     ("PS max/mean", "ps_load_max_over_mean", "{:.2f}"),
+    ("others", "other_busy_cores", "{:.1f}"),
 )
+NOISY_CORES = 0.3  # other processes busier than this during a run: its figures are suspect
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -51,9 +53,11 @@ def table(report: dict) -> str:
         f"{cfg['cpus']} CPUs"
     )
     if ref.get("steps_per_sec"):
+        others = ref.get("other_busy_cores")
         lines.append(
             f"one process alone: {ref['steps_per_sec']:.2f} steps/s "
             f"({ref['examples_per_sec']:.1f} examples/s)"
+            + (f", others {others:.1f}" if others is not None else "")
         )
     elif ref.get("error"):
         lines.append(f"one process alone: FAILED ({ref['error'].splitlines()[0]})")
@@ -70,8 +74,14 @@ def table(report: dict) -> str:
         lines.append(line)
     lines.append(
         "steps = batches of one replica; counted = N x slowest worker (async) or the cluster's rate (sync); "
-        "ideal = N x one process; MB/st = link MB per global step"
+        "ideal = N x one process; MB/st = link MB per global step; others = cores other processes used"
     )
+    noisy = [r for r in [ref, *report["runs"]] if (r.get("other_busy_cores") or 0) > NOISY_CORES]
+    if noisy:
+        lines.append(
+            f"warning: other processes kept > {NOISY_CORES} cores busy during {len(noisy)} measurement(s) "
+            "on this machine: re-run when it is quiet"
+        )
     return "\n".join(lines)
 
 

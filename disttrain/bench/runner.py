@@ -46,7 +46,7 @@ PLACEMENTS = (bound_lib.DEDICATED, bound_lib.COLOCATED)
 _PORTS = {PS: 2222, WORKER: 2223}  # emulated hosts: each namespace has its own ports
 _POLL_SECS = 0.05
 _PROGRESS_SECS = 20.0
-MACHINE = "machine"  # the CPU counter of the whole machine, next to each task's
+MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
 _NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
 
 
@@ -305,6 +305,8 @@ class Benchmark:
                     extra = {}
                     if r == chief:
                         cpu = {p.name: _cpu_seconds(p.proc.pid) for p in procs}
+                        t = os.times()  # the benchmark itself and the `ip` commands it ran
+                        cpu[BENCHMARK] = t.user + t.system + t.children_user + t.children_system
                         extra["cpu_seconds"] = {**cpu, MACHINE: _machine_busy_seconds()}
                         if counters is not None:
                             extra["link_bytes"] = counters()
@@ -409,8 +411,8 @@ class Benchmark:
             return self._measure_cluster(cluster, every_n, batch, None, label), None
         num_hosts, host = self._hosts_of(spec)
         roles = [[] for _ in range(num_hosts)]
-        for (job, i), h in sorted(host.items()):
-            roles[h].append(f"{job}{i}")
+        for (job, i), h in sorted(host.items(), key=lambda item: (item[0][0] != WORKER, item[0][1])):
+            roles[h].append(f"{job}{i}")  # "worker0+ps0" on a shared host
         with netem.EmulatedHosts(num_hosts, c.link_mbit, c.latency_ms, prefix=c.netns_prefix) as hosts:
 
             def address(job: str, i: int) -> str:
@@ -595,7 +597,7 @@ class Benchmark:
                 if links
                 else None
             ),
-            cpu_seconds_per_step={k: v for k, v in (m.cpu_seconds_per_step() or {}).items() if k != MACHINE},
+            cpu_seconds_per_step=m.cpu_seconds_per_step(),
             other_busy_cores=_other_cores(m),
             window_seconds=m.window_seconds,
             window_global_steps=m.window_global_steps,

@@ -153,7 +153,7 @@ def test_latency_unsupported_is_one_line(tmp_path):
 
 
 CONFIGS = sorted(
-    p for p in glob.glob(os.path.join(REPO, "gin", "bench", "*.gin")) if not p.endswith("threads.gin")
+    p for p in glob.glob(os.path.join(REPO, "gin", "bench", "*.gin")) if not p.endswith("common.gin")
 )
 
 
