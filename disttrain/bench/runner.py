@@ -6,7 +6,7 @@
 Each run is a real cluster of bin/train.py processes (disttrain.local), on
 loopback or on emulated hosts with shaped links (bench.netem), stopped by the
 benchmark once every replica has run its warm-up and measured steps (see
-bench.measure for how rates and windows are taken). The reference is the same
+bench.measure for how rates and windows are taken, bench.watch for the polling). The reference is the same
 model and batch trained by one process with no cluster at all; its step time
 is C in the bound (bench.bound) and N x its rate is the ideal line.
 
@@ -33,6 +33,7 @@ from disttrain import local, metrics, placement, strategies, trainer
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem
+from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, watch
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
 from disttrain.errors import ConfigError
@@ -44,10 +45,6 @@ NETWORKS = (LOCALHOST, EMULATED)
 SYSTEMS = ("disttrain", "tf_default")
 PLACEMENTS = (bound_lib.DEDICATED, bound_lib.COLOCATED)
 _PORTS = {PS: 2222, WORKER: 2223}  # emulated hosts: each namespace has its own ports
-_POLL_SECS = 0.05
-_PROGRESS_SECS = 20.0
-MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
-_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
 
 
 class BenchError(ConfigError):
@@ -114,58 +111,6 @@ class RunSpec:
     def label(self) -> str:
         ps = f" {self.ps} PS {self.layout}" if self.kind.uses_ps else " all-reduce"
         return f"{self.system} ({self.kind.name}) {self.workers} worker(s){ps}"
-
-
-class RunFailed(Exception):
-    """One run did not reach steady state; the benchmark records it and goes on."""
-
-
-# ---- what each task process is ------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Proc:
-    name: str
-    proc: subprocess.Popen
-    log_path: str
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds all cores of this machine have been busy since boot (any process)."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    except (OSError, ValueError):
-        return 0.0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _other_cores(m: measure_lib.Measurement) -> float | None:
-    """Cores kept busy during the window by processes other than the run's own tasks."""
-    used = m.cpu_seconds()
-    if not used or MACHINE not in used or m.window_seconds <= 0:
-        return None
-    own = sum(v for k, v in used.items() if k != MACHINE)
-    return max(0.0, used[MACHINE] - own) / m.window_seconds
-
-
-def _log_tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            kept = [x.rstrip() for x in f if x.strip() and not x.startswith(_NOISE)]
-    except OSError:
-        return ""
-    return "\n".join(kept[-lines:])
 
 
 def model_bytes(config: TrainConfig) -> int:
@@ -278,62 +223,20 @@ class Benchmark:
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self._t0:6.0f}s"
 
-    def _watch(
-        self,
-        procs: list[_Proc],
-        replicas: list[str],
-        chief: str,
-        every_n: int,
-        batch: int,
-        counters: Callable[[], tuple] | None,
-        label: str,
-    ) -> measure_lib.Measurement:
-        """Follow the replicas' logs until steady state is measured; RunFailed otherwise."""
+    def _watch(self, procs, replicas, chief, every_n, batch, link_bytes, label) -> measure_lib.Measurement:
         c = self.config
-        warmup = max(1, math.ceil(c.warmup_steps / every_n))
-        wanted = max(1, math.ceil(c.measure_steps / every_n))
-        by_name = {p.name: p for p in procs}
-        followers = {r: local.LogFollower(by_name[r].log_path) for r in replicas}
-        samples: dict[str, list[measure_lib.Sample]] = {r: [] for r in replicas}
-        start = next_progress = time.monotonic()
-        while True:
-            for r, follower in followers.items():
-                for line in follower.new_lines():
-                    parsed = measure_lib.parse_line(line)
-                    if parsed is None:
-                        continue
-                    extra = {}
-                    if r == chief:
-                        cpu = {p.name: _cpu_seconds(p.proc.pid) for p in procs}
-                        t = os.times()  # the benchmark itself and the `ip` commands it ran
-                        cpu[BENCHMARK] = t.user + t.system + t.children_user + t.children_system
-                        extra["cpu_seconds"] = {**cpu, MACHINE: _machine_busy_seconds()}
-                        if counters is not None:
-                            extra["link_bytes"] = counters()
-                    del parsed["task"]
-                    samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed, **extra))
-            result = measure_lib.measure(samples, chief, every_n, batch, warmup, wanted)
-            if result is not None:
-                return result
-            for p in procs:
-                code = p.proc.poll()
-                if code is not None:
-                    raise RunFailed(
-                        f"{p.name} exited with code {code} before the measurement ended; "
-                        f"log {p.log_path}:\n{_log_tail(p.log_path)}"
-                    )
-            now = time.monotonic()
-            if now - start > c.run_timeout:
-                raise RunFailed(
-                    f"no steady state after {c.run_timeout:.0f} s (raise --run_timeout or lower "
-                    f"--measure_steps); logs in {os.path.dirname(procs[0].log_path)}"
-                )
-            if now >= next_progress + _PROGRESS_SECS:
-                next_progress = now
-                done = ", ".join(f"{len(s) * every_n}" for s in samples.values())
-                need = (warmup + wanted) * every_n
-                self.log(f"{self._elapsed()}   {label}: steps per replica {done} (need >= {need})")
-            time.sleep(_POLL_SECS)
+        return watch(
+            procs,
+            replicas,
+            chief,
+            every_n,
+            batch,
+            warmup=max(1, math.ceil(c.warmup_steps / every_n)),
+            measure=max(1, math.ceil(c.measure_steps / every_n)),
+            timeout=c.run_timeout,
+            link_bytes=link_bytes,
+            progress=lambda line: self.log(f"{self._elapsed()}   {label}: {line}"),
+        )
 
     def _reference(self, every_n: int, batch: int) -> dict:
         """One process alone, no cluster: the same model, batch and threads."""
@@ -357,12 +260,12 @@ class Benchmark:
             )
         task = "/job:localhost/replica:0/task:0"
         try:
-            m = self._watch([_Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
+            m = self._watch([Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
         finally:
-            _stop([proc])
+            stop([proc])
         rate = m.steps_per_sec[task]
         cpu = (m.cpu_seconds_per_step() or {}).get(task)
-        other = _other_cores(m)
+        other = other_cores(m)
         self.log(
             f"{self._elapsed()} reference: {rate:.2f} steps/s, {rate * batch:.1f} examples/s"
             + (f" (other processes kept {other:.1f} cores busy)" if other is not None else "")
@@ -439,7 +342,7 @@ class Benchmark:
     def _measure_cluster(self, cluster, every_n, batch, counters, label) -> measure_lib.Measurement:
         try:
             cluster.start()
-            procs = [_Proc(t.name, t.proc, t.log_path) for t in cluster.tasks]
+            procs = [Proc(t.name, t.proc, t.log_path) for t in cluster.tasks]
             replicas = [t.name for t in cluster.tasks if t.job != PS]
             return self._watch(procs, replicas, cluster.chief_task.name, every_n, batch, counters, label)
         finally:
@@ -598,7 +501,7 @@ class Benchmark:
                 else None
             ),
             cpu_seconds_per_step=m.cpu_seconds_per_step(),
-            other_busy_cores=_other_cores(m),
+            other_busy_cores=other_cores(m),
             window_seconds=m.window_seconds,
             window_global_steps=m.window_global_steps,
             measured_intervals=dict(m.intervals),
@@ -607,16 +510,3 @@ class Benchmark:
 
 def _fmt_eff(label: str, value: float | None) -> str:
     return f",{label} {value:.2f}" if value is not None else ""
-
-
-def _stop(procs: list[subprocess.Popen], grace_secs: float = 5.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + grace_secs
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()

@@ -1,0 +1,155 @@
+"""Following one run's processes: log lines become samples, with CPU and link counters.
+
+`watch` polls the replicas' logs every 50 ms until `bench.measure` says every
+replica has its warm-up and measured intervals, and fails the run if a task
+exits or the run times out. Whenever the chief logs a line it also reads the
+CPU time of every task, of this benchmark process and of the whole machine
+(/proc), and the link byte counters (emulated hosts), so that the measured
+window's counters are aligned with the chief's global steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+from collections.abc import Callable
+
+from disttrain import local
+from disttrain.bench import measure as measure_lib
+
+MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
+_POLL_SECS = 0.05
+_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
+
+
+class RunFailed(Exception):
+    """One run did not reach steady state; the benchmark records it and goes on."""
+
+
+@dataclasses.dataclass
+class Proc:
+    """A task's process and its log."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: str
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, all threads (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of this machine have been busy since boot (any process)."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def other_cores(m: measure_lib.Measurement) -> float | None:
+    """Cores kept busy during the window by processes other than the run's (a noise gauge)."""
+    used = m.cpu_seconds()
+    if not used or MACHINE not in used or m.window_seconds <= 0:
+        return None
+    own = sum(v for k, v in used.items() if k != MACHINE)
+    return max(0.0, used[MACHINE] - own) / m.window_seconds
+
+
+def log_tail(path: str, lines: int = 6) -> str:
+    """The last lines of a task's log, without TensorFlow's start-up noise."""
+    try:
+        with open(path, errors="replace") as f:
+            kept = [x.rstrip() for x in f if x.strip() and not x.startswith(_NOISE)]
+    except OSError:
+        return ""
+    return "\n".join(kept[-lines:])
+
+
+def _counters(procs: list[Proc]) -> dict[str, float]:
+    cpu = {p.name: cpu_seconds(p.proc.pid) for p in procs}
+    t = os.times()  # this benchmark and the `ip` commands it ran (reaped children)
+    cpu[BENCHMARK] = t.user + t.system + t.children_user + t.children_system
+    cpu[MACHINE] = machine_busy_seconds()
+    return cpu
+
+
+def watch(
+    procs: list[Proc],
+    replicas: list[str],
+    chief: str,
+    every_n: int,
+    examples_per_step: int,
+    warmup: int,
+    measure: int,
+    timeout: float,
+    link_bytes: Callable[[], tuple] | None = None,
+    progress: Callable[[str], None] | None = None,
+    progress_secs: float = 20.0,
+) -> measure_lib.Measurement:
+    """Samples of `replicas` until `warmup` + `measure` intervals each are in (see bench.measure).
+
+    Raises RunFailed if any of `procs` exits first or `timeout` seconds pass.
+    `progress` gets a line every `progress_secs`.
+    """
+    by_name = {p.name: p for p in procs}
+    followers = {r: local.LogFollower(by_name[r].log_path) for r in replicas}
+    samples: dict[str, list[measure_lib.Sample]] = {r: [] for r in replicas}
+    start = last_progress = time.monotonic()
+    while True:
+        for r, follower in followers.items():
+            for line in follower.new_lines():
+                parsed = measure_lib.parse_line(line)
+                if parsed is None:
+                    continue
+                del parsed["task"]
+                if r == chief:
+                    parsed["cpu_seconds"] = _counters(procs)
+                    if link_bytes is not None:
+                        parsed["link_bytes"] = link_bytes()
+                samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed))
+        result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
+        if result is not None:
+            return result
+        for p in procs:
+            code = p.proc.poll()
+            if code is not None:
+                raise RunFailed(
+                    f"{p.name} exited with code {code} before the measurement ended; "
+                    f"log {p.log_path}:\n{log_tail(p.log_path)}"
+                )
+        now = time.monotonic()
+        if now - start > timeout:
+            raise RunFailed(
+                f"no steady state after {timeout:.0f} s (raise --run_timeout or lower --measure_steps); "
+                f"logs in {os.path.dirname(procs[0].log_path)}"
+            )
+        if progress is not None and now - last_progress >= progress_secs:
+            last_progress = now
+            done = ", ".join(str(len(s) * every_n) for s in samples.values())
+            progress(f"steps per replica {done} (need >= {(warmup + measure) * every_n})")
+        time.sleep(_POLL_SECS)
+
+
+def stop(procs: list[subprocess.Popen], grace_secs: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace_secs`; reaps every process."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_secs
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
