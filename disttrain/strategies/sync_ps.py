@@ -28,6 +28,7 @@ of hanging (no 120 s shutdown).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 
@@ -166,13 +167,16 @@ class SyncParameterServer(Strategy):
                     # Fetched together, these run the update once and then release.
                     update_and_release = [q.enqueue(global_step.read_value()) for q in tokens]
                 close_ops = [q.close(cancel_pending_enqueues=True) for q in tokens]
-                count = v1.placeholder_with_default(tf.constant(1, tf.int32), [], name="reports_wanted")
-                reports = done.dequeue_many(count)
+                report = done.dequeue()
+                # A report from replica -1 wakes the aggregator to stop; its tag says which one.
+                nonce = v1.placeholder(tf.int64, [], name="aggregator_nonce")
+                wake = done.enqueue((tf.constant(-1, tf.int32), nonce))
         self._sync = dict(
             reset=reset,
             step=current,
-            count=count,
-            reports=reports,
+            report=report,
+            nonce=nonce,
+            wake=wake,
             release=release_ops,
             update_and_release=update_and_release,
             close=close_ops,
@@ -218,65 +222,60 @@ class _DrainOwnTokens(v1.train.SessionRunHook):
 class _Aggregator(v1.train.SessionRunHook):
     """The chief's thread that closes steps: N-b distinct fresh reports -> one update -> release.
 
-    Stops when the session ends (or the coordinator says so) and then closes
-    every token queue, so replicas still waiting stop at once.
+    It blocks on the report queue without a timeout: a dequeue cancelled by a
+    timeout can lose the report it was completing, and a lost report is a
+    replica that waits for ever. To stop, a watcher thread waits for the
+    coordinator's stop (the end of the session, normal or not) and enqueues a
+    wake-up report carrying this aggregator's nonce. On its way out the
+    aggregator closes every token queue, so replicas still waiting (a
+    straggler) stop at once instead of hanging.
     """
 
-    def __init__(self, ops: dict, num_replicas: int, needed: int, poll_secs: float = 0.25):
+    def __init__(self, ops: dict, num_replicas: int, needed: int):
         self._ops, self._n, self._needed = ops, num_replicas, needed
-        self._poll_ms = int(poll_secs * 1000)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self.steps = self.stale = 0
         self.contributions = [0] * num_replicas  # steps each replica's gradients were part of
 
     def after_create_session(self, session, coord):
-        self._stop_thread()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(session, coord, self._stop), name="disttrain-sync-aggregator", daemon=True
-        )
-        coord.register_thread(self._thread)
-        self._thread.start()
+        # A recovered session gets a new aggregator; the old one was woken by its coordinator.
+        nonce = random.randrange(1, 2**62)
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(session, coord, nonce), name="disttrain-sync-aggregator"
+            ),
+            threading.Thread(target=self._watch, args=(session, coord, nonce), name="disttrain-sync-watcher"),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            coord.register_thread(thread)
+            thread.start()
 
-    def end(self, session):
-        self._stop_thread()
-        log.info(
-            "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
-            self.steps,
-            ", ".join(map(str, self.contributions)),
-            self.stale,
-        )
+    def _watch(self, session, coord, nonce: int):
+        coord.wait_for_stop()
+        try:
+            feed = {self._ops["nonce"]: nonce}
+            session.run(self._ops["wake"], feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
+        except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
+            log.warning("could not stop the sync aggregator: %s", str(e).splitlines()[0])
 
-    def _stop_thread(self):
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-
-    def _run(self, session, coord, stop: threading.Event):
+    def _run(self, session, coord, nonce: int):
         ops = self._ops
         try:
             session.run(ops["reset"])
             step = int(session.run(ops["step"]))
             arrived: set[int] = set()
-            options = v1.RunOptions(timeout_in_ms=self._poll_ms)
-            while not stop.is_set() and not coord.should_stop():
-                # Block for as many reports as could close the step (a timed-out dequeue takes none).
-                wanted = {ops["count"]: self._needed - len(arrived)}
-                try:
-                    replicas, tags = session.run(ops["reports"], feed_dict=wanted, options=options)
-                except tf.errors.DeadlineExceededError:
+            while True:
+                replica, tag = (int(x) for x in session.run(ops["report"]))
+                if replica < 0:
+                    if tag == nonce:
+                        break
+                    continue  # the wake-up of an earlier aggregator
+                if tag != step:  # its gradients were dropped: let it start again from fresh values
+                    self.stale += 1
+                    session.run(ops["release"][replica])
                     continue
-                stale = []
-                for replica, tag in zip(replicas.tolist(), tags.tolist(), strict=True):
-                    if tag == step:
-                        arrived.add(replica)
-                    else:  # its gradients were dropped: let it start again from fresh values
-                        stale.append(replica)
-                if stale:
-                    self.stale += len(stale)
-                    session.run([ops["release"][r] for r in stale])
+                arrived.add(replica)
                 if len(arrived) >= self._needed:
                     session.run([ops["update_and_release"][r] for r in sorted(arrived)])
                     step += 1
@@ -285,10 +284,16 @@ class _Aggregator(v1.train.SessionRunHook):
                         self.contributions[r] += 1
                     arrived.clear()
         except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
-            if not (stop.is_set() or coord.should_stop()):
+            if not coord.should_stop():
                 coord.request_stop(e)
         finally:
             try:
                 session.run(ops["close"], options=v1.RunOptions(timeout_in_ms=5000))
             except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
                 log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
+            log.info(
+                "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
+                self.steps,
+                ", ".join(map(str, self.contributions)),
+                self.stale,
+            )

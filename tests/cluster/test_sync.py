@@ -27,6 +27,7 @@ v1 = tf.compat.v1
 
 SYNC_PS = "gin/mlp_sync.gin"
 ALLREDUCE = "gin/mlp_allreduce.gin"
+START = 5  # the common start is a checkpoint at this step: replicas must resume from it
 STEPS = 10
 BATCH = 4  # per worker; the single process takes 2 x BATCH
 # Same data split between replicas, same start, plain SGD: the runs must agree.
@@ -34,7 +35,7 @@ EQUIVALENCE = [
     "TrainConfig.input_fn = @sequence_input",
     "TrainConfig.optimizer = @SGD",
     "SGD.learning_rate = 0.1",
-    f"TrainConfig.train_steps = {STEPS}",
+    f"TrainConfig.train_steps = {START + STEPS}",
     "TrainConfig.save_checkpoint_steps = 1000",
     "TrainConfig.log_every_steps = 5",
 ]
@@ -46,16 +47,17 @@ MEASURED: dict[str, object] = {}  # printed at the end of the module (pytest -s 
 
 
 def initial_checkpoint(logdir: str, seed: int = 7) -> None:
-    """The tiny MLP (gin/testing/tiny.gin's shape) at step 0 from a fixed seed, as the start of every run."""
+    """The tiny MLP (gin/testing/tiny.gin's shape) at step START from a fixed seed: every run's start."""
     os.makedirs(logdir, exist_ok=True)
     with tf.Graph().as_default():
         v1.set_random_seed(seed)
         MLP(32, (64, 64), 10).build_variables()
-        v1.train.get_or_create_global_step()
+        step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         with v1.Session() as session:
             session.run(v1.global_variables_initializer())
-            saver.save(session, os.path.join(logdir, "model.ckpt"), global_step=0)
+            session.run(step.assign(START))
+            saver.save(session, os.path.join(logdir, "model.ckpt"), global_step=START)
 
 
 def run_timed(logdir, gin_files, timeout=150, **kwargs) -> tuple[LocalCluster, dict[str, float]]:
@@ -96,7 +98,7 @@ def variables(logdir: str) -> dict[str, np.ndarray]:
 
 def assert_same_variables(got: dict, want: dict) -> None:
     assert set(got) == set(want)
-    assert int(got["global_step"]) == int(want["global_step"]) == STEPS
+    assert int(got["global_step"]) == int(want["global_step"]) == START + STEPS
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 
@@ -132,6 +134,8 @@ def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, o
     # Two PS: the plan splits the larger weights, so partitioned accumulators are covered too.
     cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=2, num_workers=2, gin_params=params)
     assert_same_variables(variables(cluster.logdir), one_process)
+    assert [r["local_steps"] for r in results(cluster.logdir).values()] == [STEPS, STEPS]
+    assert f"{STEPS} steps closed, per replica [{STEPS}, {STEPS}]" in open(cluster.chief_task.log_path).read()
     secs = shutdown_secs(cluster, exited)
     MEASURED["shutdown, sync PS 2 PS + 2 workers (s)"] = round(secs, 1)
     assert secs < SHUTDOWN_BOUND_SECS, describe_failure(cluster)
@@ -148,7 +152,8 @@ def test_all_reduce_two_workers_with_two_towers_equal_one_process(tmp_path, one_
     cluster, exited = run_timed(tmp_path, [ALLREDUCE, TINY], num_ps=0, num_workers=2, gin_params=params)
     assert_same_variables(variables(cluster.logdir), one_process)
     r = results(cluster.logdir)
-    assert r["worker_1"]["global_step"] == STEPS  # the other replica ran in lockstep
+    # The other replica took the chief's restored step from the broadcast and ran in lockstep.
+    assert r["worker_1"]["global_step"] == START + STEPS and r["worker_1"]["local_steps"] == STEPS
     MEASURED["shutdown, all-reduce 2 workers (s)"] = round(shutdown_secs(cluster, exited), 1)
     assert shutdown_secs(cluster, exited) < SHUTDOWN_BOUND_SECS
 
@@ -157,7 +162,7 @@ def test_all_reduce_two_workers_with_two_towers_equal_one_process(tmp_path, one_
 
 
 def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
-    """3 workers, b=1; worker 2 sleeps 1 s between computing and sending its gradients.
+    """3 workers, b=1; worker 2 sleeps 0.5 s between computing and sending its gradients.
 
     Steps must close with the other two (each in every step: two reports of one
     fast worker never make a step), the straggler's stale gradients are
@@ -166,13 +171,13 @@ def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
     params = [
         "SyncParameterServer.backup_workers = 1",
         "SyncParameterServer.delay_replicas = (2,)",
-        "SyncParameterServer.step_delay_secs = 1.0",
-        "TrainConfig.train_steps = 40",
+        "SyncParameterServer.step_delay_secs = 0.5",
+        "TrainConfig.train_steps = 100",
     ]
     cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=1, num_workers=3, gin_params=params)
     r = results(cluster.logdir)
     chief, slow = r["worker_0"], r["worker_2"]
-    assert chief["global_step"] == 40
+    assert chief["global_step"] == 100
     global_rate = chief["global_step"] / chief["seconds"]
     slow_rate = slow["local_steps"] / slow["seconds"]
     MEASURED["straggler: global steps/s vs the slow worker's steps/s"] = (
@@ -184,10 +189,10 @@ def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
     m = re.search(r"sync aggregator: (\d+) steps closed, per replica \[(.*?)\], (\d+) stale", log)
     assert m, describe_failure(cluster)
     steps, per_replica, stale = int(m.group(1)), [int(x) for x in m.group(2).split(",")], int(m.group(3))
-    assert steps == 40
+    assert steps == 100
     # Two distinct replicas in every step, none counted twice; almost always the two fast ones
     # (the straggler may make the first step if the others start late).
-    assert sum(per_replica) == 2 * 40 and max(per_replica) <= 40, per_replica
+    assert sum(per_replica) == 2 * 100 and max(per_replica) <= 100, per_replica
     assert per_replica[2] <= 2 and stale >= 1, (per_replica, stale)
     secs = shutdown_secs(cluster, exited)
     MEASURED["shutdown, sync PS with a straggler (s)"] = round(secs, 1)
