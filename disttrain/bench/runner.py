@@ -94,6 +94,7 @@ class BenchConfig:
     warmup_steps: int = 20  # per replica
     measure_steps: int = 50  # per replica, at least
     reference: bool = True
+    repeats: int = 1  # each run (and the reference) this many times; the quietest counts
     run_timeout: float = 900.0  # seconds per run
     logdir: str = "/tmp/disttrain_bench"
     netns_prefix: str = "dtbench"
@@ -160,6 +161,8 @@ class Benchmark:
             raise BenchError(f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}")
         if c.strategy is not None and c.strategy not in STRATEGIES:
             raise BenchError(f"--strategy={c.strategy}: expected one of {', '.join(STRATEGIES)}")
+        if c.repeats < 1:
+            raise BenchError(f"--repeats={c.repeats}: need at least 1")
         if c.warmup_steps < 1 or c.measure_steps < 1:
             raise BenchError(f"need warmup and measured steps >= 1, got {c.warmup_steps}, {c.measure_steps}")
         if c.network == EMULATED:
@@ -238,9 +241,11 @@ class Benchmark:
             progress=lambda line: self.log(f"{self._elapsed()}   {label}: {line}"),
         )
 
-    def _reference(self, every_n: int, batch: int) -> dict:
+    def _run_reference(self, rep: int) -> dict:
         """One process alone, no cluster: the same model, batch and threads."""
-        logdir = self._fresh(os.path.join(self.config.logdir, "reference"))
+        every_n, batch = self._model["every_n"], self._model["batch"]
+        name = "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
+        logdir = self._fresh(os.path.join(self.config.logdir, name))
         log_path = os.path.join(logdir, "logs", "local.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         argv = [sys.executable, local.TRAIN_PY, f"--logdir={logdir}"]
@@ -352,17 +357,16 @@ class Benchmark:
 
     def run(self) -> dict:
         c = self.config
-        specs = self._specs()
+        specs = self._specs_cache = self._specs()
         base = c.load_config(self._bindings())
         every_n, batch = base.log_every_steps, base.batch_size
-        s_bytes = model_bytes(base)
-        link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
+        self._model = {"every_n": every_n, "batch": batch, "bytes": model_bytes(base)}
         report = {
             "config": {
                 "gin_files": list(c.gin_files),
                 "gin_params": list(c.gin_params),
                 "model": type(base.model).__name__,
-                "model_bytes": s_bytes,
+                "model_bytes": self._model["bytes"],
                 "batch_size": batch,
                 "intra_op_threads": base.intra_op_threads,
                 "inter_op_threads": base.inter_op_threads,
@@ -372,6 +376,7 @@ class Benchmark:
                 "ps_placement": c.ps_placement,
                 "warmup_steps": c.warmup_steps,
                 "measure_steps": c.measure_steps,
+                "repeats": c.repeats,
                 "steps_per_log_line": every_n,
                 "cpus": os.cpu_count(),
                 "tensorflow": tf.__version__,
@@ -381,61 +386,72 @@ class Benchmark:
             "runs": [],
         }
         self.log(
-            f"benchmark: {len(specs)} run(s) + reference; model {report['config']['model']} "
-            f"{s_bytes / 1e6:.1f} MB, batch {batch}, {c.network}"
+            f"benchmark: {len(specs)} run(s) + reference, x{c.repeats}; model {report['config']['model']} "
+            f"{self._model['bytes'] / 1e6:.1f} MB, batch {batch}, {c.network}"
             + (f" {c.link_mbit:g} Mbit/s" if c.network == EMULATED else "")
             + f"; logs in {c.logdir}"
         )
-        loads_cache: dict[tuple[str, int], list[int]] = {}
+        loads = {}
         for spec in specs:
-            if spec.kind.uses_ps and (spec.system, spec.ps) not in loads_cache:
-                config = c.load_config(self._bindings(spec.kind))
-                loads_cache[(spec.system, spec.ps)] = ps_loads(config, spec.ps)
-        if c.reference:
-            try:
-                report["reference"] = self._reference(every_n, batch)
-            except RunFailed as e:
-                report["reference"] = {"error": str(e)}
-                self.log(f"{self._elapsed()} reference FAILED: {e}")
-            self.on_update(report)
-        ref = (report["reference"] or {}).get("steps_per_sec")
-        for k, spec in enumerate(specs, 1):
-            row = self._row(spec, s_bytes, batch, link_rate, ref, loads_cache.get((spec.system, spec.ps)))
-            if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
-                row["skipped"] = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
-                report["runs"].append(row)
-                self.log(f"{self._elapsed()} [{k}/{len(specs)}] {spec.label}: skipped, {row['skipped']}")
-                continue
-            logdir = self._fresh(os.path.join(c.logdir, f"{k:02d}_{spec.system}_{spec.workers}w{spec.ps}ps"))
-            row["logdir"] = logdir
-            self.log(f"{self._elapsed()} [{k}/{len(specs)}] {spec.label}: logs {logdir}/logs")
-            t = time.monotonic()
-            try:
-                m, roles = self._run_cluster(spec, logdir, every_n, batch)
-            except (RunFailed, netem.NetemError) as e:
-                row["error"] = str(e)
-                self.log(f"{self._elapsed()} [{k}/{len(specs)}] FAILED: {e}")
-            else:
-                self._fill(row, spec, m, roles, batch, ref)
-                self.log(
-                    f"{self._elapsed()} [{k}/{len(specs)}] done in {time.monotonic() - t:.0f}s: "
-                    f"{row['steps_per_sec']:.2f} steps/s, "
-                    f"slowest worker {row['min_worker_steps_per_sec']:.2f}"
-                    + _fmt_eff(" scaling", row["scaling_efficiency"])
-                    + _fmt_eff(" vs bound", row["efficiency_vs_bound"])
-                    + (
-                        f"; other processes kept {row['other_busy_cores']:.1f} cores busy"
-                        if row["other_busy_cores"] is not None
-                        else ""
-                    )
-                )
-            report["runs"].append(row)
-            self.on_update(report)
+            if spec.kind.uses_ps and (spec.system, spec.ps) not in loads:
+                loads[(spec.system, spec.ps)] = ps_loads(c.load_config(self._bindings(spec.kind)), spec.ps)
+        refs: list[dict] = []
+        measured: list[list[dict]] = [[] for _ in specs]
+        for rep in range(c.repeats):
+            if c.reference:
+                refs.append(self._reference(rep))
+            for k, spec in enumerate(specs):
+                measured[k].append(self._measure(spec, k, rep))
+                report["reference"] = _quietest(refs) if refs else None
+                ref = (report["reference"] or {}).get("steps_per_sec")
+                report["runs"] = [
+                    self._row(spec, loads.get((spec.system, spec.ps)), ref, ms)
+                    for spec, ms in zip(specs, measured, strict=True)
+                    if ms  # not run yet
+                ]
+                self.on_update(report)
         return report
 
-    def _row(self, spec: RunSpec, s_bytes, batch, link_rate, ref, loads) -> dict:
-        """The run's row with everything known before it runs (bound, placement)."""
+    def _reference(self, rep: int) -> dict:
+        try:
+            return self._run_reference(rep)
+        except RunFailed as e:
+            self.log(f"{self._elapsed()} reference FAILED: {e}")
+            return {"error": str(e)}
+
+    def _measure(self, spec: RunSpec, k: int, rep: int) -> dict:
+        """One run of `spec`: the Measurement and host roles, or its error or why it was skipped."""
+        c, n = self.config, len(self._specs_cache)
+        where = f"[{k + 1}/{n}]" + (f" #{rep + 1}" if c.repeats > 1 else "")
+        if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
+            why = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
+            self.log(f"{self._elapsed()} {where} {spec.label}: skipped, {why}")
+            return {"skipped": why}
+        name = f"{k + 1:02d}_{spec.system}_{spec.workers}w{spec.ps}ps" + (
+            f"_{rep + 1}" if c.repeats > 1 else ""
+        )
+        logdir = self._fresh(os.path.join(c.logdir, name))
+        self.log(f"{self._elapsed()} {where} {spec.label}: logs {logdir}/logs")
+        t = time.monotonic()
+        try:
+            m, roles = self._run_cluster(spec, logdir, self._model["every_n"], self._model["batch"])
+        except (RunFailed, netem.NetemError) as e:
+            self.log(f"{self._elapsed()} {where} FAILED: {e}")
+            return {"error": str(e), "logdir": logdir}
+        other = other_cores(m)
+        rates = list(m.steps_per_sec.values())
+        self.log(
+            f"{self._elapsed()} {where} done in {time.monotonic() - t:.0f}s: "
+            f"{m.cluster_examples_per_sec / self._model['batch']:.2f} steps/s, "
+            f"slowest worker {min(rates):.2f}"
+            + (f"; other processes kept {other:.1f} cores busy" if other is not None else "")
+        )
+        return {"measurement": m, "roles": roles, "logdir": logdir, "other_busy_cores": other}
+
+    def _row(self, spec: RunSpec, loads, ref: float | None, measured: list[dict]) -> dict:
+        """A run's row: layout, placement and bound, and the quietest of its measurements."""
         c = self.config
+        s_bytes, batch = self._model["bytes"], self._model["batch"]
         row = {
             "system": spec.system,
             "strategy": spec.kind.name,
@@ -450,7 +466,9 @@ class Benchmark:
             "ps_load_max_over_mean": placement.max_over_mean(loads) if loads else None,
             "error": None,
         }
-        if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
+        best = _quietest(measured)
+        if "skipped" in best:
+            row["skipped"] = best["skipped"]
             return row
         per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
         loads_per_round = bound_lib.link_loads(spec.layout, s_bytes, spec.workers, spec.ps)
@@ -459,6 +477,7 @@ class Benchmark:
         )
         row["expected_min_link_bytes_per_step"] = min(x.bytes_per_round for x in loads_per_round) / per_round
         if ref:
+            link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
             b = bound_lib.bound(spec.layout, s_bytes, spec.workers, spec.ps, link_rate, 1.0 / ref)
             row.update(
                 bound_steps_per_sec=b.steps_per_sec,
@@ -466,10 +485,13 @@ class Benchmark:
                 bound_comm_time_per_round=b.comm_time,
                 ideal_steps_per_sec=spec.workers * ref,
             )
-        return row
-
-    def _fill(self, row: dict, spec: RunSpec, m: measure_lib.Measurement, roles, batch: int, ref) -> None:
-        """The measured figures of a finished run."""
+        row["logdir"] = best.get("logdir")
+        if len(measured) > 1:
+            row["repeats"] = [_brief(x, batch) for x in measured]
+        if "error" in best:
+            row["error"] = best["error"]
+            return row
+        m, roles = best["measurement"], best["roles"]
         per_worker = list(m.steps_per_sec.values())
         steps = m.cluster_examples_per_sec / batch
         # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.
@@ -501,12 +523,29 @@ class Benchmark:
                 else None
             ),
             cpu_seconds_per_step=m.cpu_seconds_per_step(),
-            other_busy_cores=other_cores(m),
+            other_busy_cores=best["other_busy_cores"],
             window_seconds=m.window_seconds,
             window_global_steps=m.window_global_steps,
             measured_intervals=dict(m.intervals),
         )
+        return row
 
 
-def _fmt_eff(label: str, value: float | None) -> str:
-    return f",{label} {value:.2f}" if value is not None else ""
+def _quietest(candidates: list[dict]) -> dict:
+    """The measurement taken while other processes used the least CPU (errors only if all failed)."""
+    ok = [x for x in candidates if "error" not in x and "skipped" not in x]
+    if not ok:
+        return candidates[-1]
+    return min(ok, key=lambda x: x.get("other_busy_cores") if x.get("other_busy_cores") is not None else 1e9)
+
+
+def _brief(x: dict, batch: int) -> dict:
+    """One repetition's headline figures, kept in the row next to the chosen one."""
+    m = x.get("measurement")
+    if m is None:
+        return {"error": x.get("error"), "skipped": x.get("skipped")}
+    return {
+        "steps_per_sec": m.cluster_examples_per_sec / batch,
+        "min_worker_steps_per_sec": min(m.steps_per_sec.values()),
+        "other_busy_cores": x["other_busy_cores"],
+    }
