@@ -88,13 +88,7 @@ class Cluster:
         extra keys such as `job`/`trial` (Vertex AI), and an evaluator that is
         absent from `cluster`.
         """
-        if isinstance(tf_config, str):
-            try:
-                tf_config = json.loads(tf_config)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"malformed TF_CONFIG: not JSON ({e.msg} at char {e.pos})") from None
-        if not isinstance(tf_config, Mapping):
-            raise ConfigError("malformed TF_CONFIG: expected a JSON object with 'cluster' and 'task'")
+        tf_config = _parse_tf_config(tf_config)
         spec = tf_config.get("cluster")
         task = tf_config.get("task")
         if not isinstance(spec, Mapping) or not isinstance(task, Mapping):
@@ -260,13 +254,20 @@ def resolve(
     return Cluster.local()
 
 
-def _with_task(text: str, job: str | None, task: int | None) -> dict:
-    try:
-        tf_config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"malformed TF_CONFIG: not JSON ({e.msg} at char {e.pos})") from None
-    if not isinstance(tf_config, dict):
+def _parse_tf_config(tf_config: str | Mapping) -> Mapping:
+    if isinstance(tf_config, str):
+        try:
+            tf_config = json.loads(tf_config)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"malformed TF_CONFIG: not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(tf_config, Mapping):
         raise ConfigError("malformed TF_CONFIG: expected a JSON object with 'cluster' and 'task'")
+    return tf_config
+
+
+def _with_task(text: str, job: str | None, task: int | None) -> Mapping:
+    """TF_CONFIG with its `task` replaced by the --job/--task flags where given."""
+    tf_config = _parse_tf_config(text)
     if job is not None or task is not None:
         own = dict(tf_config.get("task") or {})
         if job is not None:

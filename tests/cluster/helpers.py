@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -60,3 +62,13 @@ def train_py(args, env=None, timeout=120) -> subprocess.CompletedProcess:
         cwd=REPO,
         env=dict(os.environ if env is None else env),
     )
+
+
+def wait_for_line(path, pattern, timeout=120) -> None:
+    """Block until a line matching `pattern` appears in the file at `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and re.search(pattern, open(path, errors="replace").read(), flags=re.M):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} never appeared in {path}")

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import tensorflow as tf
 
 from disttrain.errors import EXIT_CONFIG, EXIT_DIVERGED
 from disttrain.local import REPO, TRAIN_PY, LocalCluster, free_port
-from tests.cluster.helpers import TINY, describe_failure, results, scalars, train_py
+from tests.cluster.helpers import TINY, describe_failure, results, scalars, train_py, wait_for_line
 
 pytestmark = [pytest.mark.cluster, pytest.mark.fault]
 
@@ -34,15 +33,6 @@ def logged_steps(path):
     """Global steps in a replica's progress lines, in order."""
     with open(path, errors="replace") as f:
         return [int(m) for m in re.findall(r"^/job:\S+ step (\d+) ", f.read(), flags=re.M)]
-
-
-def wait_for_line(path, pattern, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and re.search(pattern, open(path, errors="replace").read(), flags=re.M):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} never appeared in {path}")
 
 
 def checkpoint_steps(logdir):
@@ -86,7 +76,7 @@ def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_pa
     resumed = [int(s) for s in re.findall(r"resuming from .*model\.ckpt-(\d+)", chief_log)]
     assert resumed and resumed[0] >= killed_at - 50, (resumed, killed_at)  # no checkpointed progress lost
     steps = logged_steps(cluster.chief_task.log_path)
-    for before, after in zip(steps, steps[1:]):
+    for before, after in zip(steps, steps[1:], strict=False):
         if after < before:  # back to the checkpoint at most
             assert after >= resumed[0], (before, after, resumed)
     assert checkpoint_steps(cluster.logdir)[-1] >= 500

@@ -4,13 +4,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
 from disttrain.local import REPO
-from tests.cluster.helpers import TINY
+from tests.cluster.helpers import TINY, wait_for_line
 
 pytestmark = pytest.mark.cluster
 
@@ -26,15 +25,14 @@ def env():
     return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
 
 
-def test_runs_and_summarises(tmp_path):
-    r = subprocess.run(
-        LAUNCH + ["--num_ps=1", "--num_workers=2", f"--logdir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env=env(),
+def launch(*args, timeout):
+    return subprocess.run(
+        LAUNCH + list(args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env()
     )
+
+
+def test_runs_and_summarises(tmp_path):
+    r = launch("--num_ps=1", "--num_workers=2", f"--logdir={tmp_path}", timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "summary:" in r.stdout and "cluster examples/sec" in r.stdout
     assert "/job:ps/task:0 0" in r.stdout  # the PS exited 0 by itself
@@ -43,14 +41,7 @@ def test_runs_and_summarises(tmp_path):
 
 def test_a_failing_task_stops_everything_and_is_named(tmp_path):
     # No PS for an async PS strategy: every replica fails at start with a configuration error.
-    r = subprocess.run(
-        LAUNCH + ["--num_ps=0", "--num_workers=2", f"--logdir={tmp_path}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=env(),
-    )
+    r = launch("--num_ps=0", "--num_workers=2", f"--logdir={tmp_path}", timeout=120)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("disttrain: error: /job:worker/task:") and "failed with exit code 2" in last, last
@@ -73,14 +64,7 @@ def test_ctrl_c_stops_every_task_and_leaves_no_orphans(tmp_path):
         env=env(),
     )
     try:
-        deadline = time.monotonic() + 90
-        while (
-            time.monotonic() < deadline
-            and "step " not in (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
-            if (tmp_path / "logs" / "worker_0.log").exists()
-            else time.monotonic() < deadline
-        ):
-            time.sleep(0.5)
+        wait_for_line(tmp_path / "logs" / "worker_0.log", r"^/job:worker/task:0 step ", timeout=120)
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert len(children) >= 2
         launcher.send_signal(signal.SIGINT)
