@@ -144,6 +144,8 @@ class SyncAllReduce(Strategy):
             )
         if bucket_bytes < 1:
             raise ConfigError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        if communication_hint not in ("auto", "ring", "nccl"):
+            raise ConfigError(f"communication_hint={communication_hint!r}: expected 'auto', 'ring' or 'nccl'")
         self.bucket_bytes = int(bucket_bytes)
         self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
         self.communication_hint = communication_hint
@@ -256,4 +258,6 @@ class SyncAllReduce(Strategy):
         config = super().config(intra_op_threads, inter_op_threads)
         if not self.cluster.is_local:
             config.experimental.collective_group_leader = self.leader
+        if self.use_gpus and self.communication_hint == "nccl":
+            config.experimental.collective_nccl = True  # graph mode picks NCCL only when told
         return config

@@ -48,11 +48,13 @@ _TOKEN_QUEUE = "disttrain_sync_token"
 class SyncParameterServer(Strategy):
     """Variables on PS tasks (balanced by bytes); one synchronous update per step.
 
-    backup_workers: b. Each step takes the gradients of the first N-b of the
-      N replicas to report; the rest are dropped as stale, so up to b
-      stragglers never slow the step. With b=0 a step is exactly the mean
-      gradient of all N replicas: the same update as one process with N times
-      the batch.
+    backup_workers: b. A step closes when the first N-b of the N replicas
+      have reported; it applies the mean of the fresh gradients in the
+      accumulators (those N-b, plus any other replica's that landed before
+      the step closed; never a stale one, never two of one replica). Later
+      gradients for that step are dropped, so up to b stragglers never slow
+      the step. With b=0 a step is exactly the mean gradient of all N
+      replicas: the same update as one process with N times the batch.
     step_delay_secs, delay_replicas: fault injection for tests and demos: the
       listed replicas sleep this long between computing their gradients and
       sending them (a straggler). Leave unset in real runs.

@@ -174,6 +174,8 @@ def test_all_reduce_bad_settings_are_clear_errors():
         SyncAllReduce(chief_cluster(), transfer_dtype="int8")
     with pytest.raises(ConfigError, match="bucket_bytes"):
         SyncAllReduce(chief_cluster(), bucket_bytes=0)
+    with pytest.raises(ConfigError, match="communication_hint='mpi'"):
+        SyncAllReduce(chief_cluster(), communication_hint="mpi")
 
 
 def test_all_reduce_towers_on_virtual_cpus_reduce_once_per_bucket():
