@@ -128,6 +128,7 @@ class SyncAllReduce(Strategy):
     """
 
     uses_ps = False
+    recovers_in_process = False
 
     def __init__(
         self,

@@ -45,6 +45,9 @@ class Strategy(abc.ABC):
     """Base class. Subclasses set `uses_ps` and implement `apply_gradients`."""
 
     uses_ps = True
+    # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
+    # collectives for the rest of the process, so all-reduce must restart.)
+    recovers_in_process = True
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster

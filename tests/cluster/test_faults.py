@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -216,3 +217,33 @@ def test_sustained_slowdown_is_warned_about_with_memory_and_op_count(tmp_path):
     )
     drops = scalars(str(tmp_path / "tasks" / "local_0"), "health/throughput_drop")
     assert drops and drops[0][1] > 0.3
+
+
+def test_sync_cluster_with_a_backup_worker_keeps_stepping_after_losing_one(tmp_path):
+    params = [
+        "TrainConfig.train_steps=100000",
+        "TrainConfig.log_every_steps=10",
+        "SyncParameterServer.backup_workers=1",
+    ]
+    cluster = LocalCluster(
+        ["gin/mlp_sync.gin", TINY], str(tmp_path / "logdir"), 1, 3, gin_params=params
+    ).start()
+    try:
+        chief_log = cluster.chief_task.log_path
+        wait_for_line(chief_log, r"step [1-9]\d ")
+        victim = cluster.tasks[-1]
+        assert victim.name == "/job:worker/task:2"
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait()
+        after_kill = logged_steps(chief_log)[-1]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and logged_steps(chief_log)[-1] < after_kill + 50:
+            assert all(t.proc.poll() is None for t in cluster.tasks if t is not victim), describe_failure(
+                cluster
+            )
+            time.sleep(0.5)
+        assert logged_steps(chief_log)[-1] >= after_kill + 50, describe_failure(
+            cluster
+        )  # two of three suffice
+    finally:
+        cluster.stop()
