@@ -3,6 +3,7 @@
 import os
 import re
 
+import pytest
 import tensorflow as tf
 
 from disttrain.local import REPO
@@ -13,12 +14,14 @@ def python_blocks():
         return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
 
 
-def test_own_model_example_trains(monkeypatch):
+@pytest.mark.parametrize("strategy", ["async", "sync", "allreduce"])
+def test_own_model_example_trains(monkeypatch, strategy):
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("STRATEGY", strategy)
     blocks = python_blocks()
     assert blocks
     for code in blocks:
         with tf.Graph().as_default():
             namespace = {}
             exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102
-            assert namespace["train_op"] is not None
+            assert namespace["train_op"] is not None and namespace["loss_value"] > 0
