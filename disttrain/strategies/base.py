@@ -30,11 +30,18 @@ NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
 
 
 def _checked(grad, message: str):
+    """`grad`, failing the step first if it holds a NaN or Inf.
+
+    Checks one vectorised sum instead of every element (NaN and Inf survive a
+    sum): check_numerics over the MLP's 75 MB cost ~25 ms of a one-thread step,
+    the sum costs nothing measurable.
+    """
+    values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+    with tf.control_dependencies([tf.debugging.check_numerics(tf.reduce_sum(values), message)]):
+        values = tf.identity(values)
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.debugging.check_numerics(grad.values, message), grad.indices, grad.dense_shape
-        )
-    return tf.debugging.check_numerics(grad, message)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return values
 
 
 def visible_gpus() -> int:
