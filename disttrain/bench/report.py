@@ -76,6 +76,13 @@ def table(report: dict) -> str:
         "steps = batches of one replica; counted = N x slowest worker (async) or the cluster's rate (sync); "
         "ideal = N x one process; MB/st = link MB per global step; others = cores other processes used"
     )
+    diverged = [r for r in report["runs"] if r.get("diverged")]
+    if diverged:
+        lines.append(
+            f"warning: the loss rose tenfold in {len(diverged)} run(s) (N = "
+            + ", ".join(str(r["workers"]) for r in diverged)
+            + "): a diverged model's step time is not the model's; lower the learning rate"
+        )
     noisy = [r for r in [ref, *report["runs"]] if (r.get("other_busy_cores") or 0) > NOISY_CORES]
     if noisy:
         lines.append(
@@ -157,7 +164,13 @@ def plot(report: dict, path: str) -> str | None:
     for (ps, layout), points in sorted(bounds.items()):
         xs, ys = zip(*sorted(set(points)), strict=True)
         ax.plot(
-            xs, ys, linestyle=":", color="grey", label=f"bound ({ps} PS {layout})" if ps else "bound (ring)"
+            xs,
+            ys,
+            linestyle=":",
+            marker="_",
+            markersize=14,
+            color="grey",
+            label=f"bound ({ps} PS {layout})" if ps else "bound (ring)",
         )
     workers = sorted({r["workers"] for r in report["runs"]})
     if ref and workers:
@@ -165,6 +178,8 @@ def plot(report: dict, path: str) -> str | None:
             workers,
             [n * ref * batch for n in workers],
             linestyle="--",
+            marker="_",
+            markersize=14,
             color="black",
             label="ideal: N x one process",
         )

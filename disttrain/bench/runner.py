@@ -470,6 +470,7 @@ class Benchmark:
             f"{m.cluster_examples_per_sec / self._model['batch']:.2f} steps/s, "
             f"slowest worker {min(rates):.2f}"
             + (f"; other processes kept {other:.1f} cores busy" if other is not None else "")
+            + (f"; DIVERGED (loss {m.first_loss:.3g} -> {m.max_loss:.3g})" if m.diverged else "")
         )
         return {"measurement": m, "roles": roles, "logdir": logdir, "other_busy_cores": other}
 
@@ -552,16 +553,28 @@ class Benchmark:
             window_seconds=m.window_seconds,
             window_global_steps=m.window_global_steps,
             measured_intervals=dict(m.intervals),
+            first_loss=m.first_loss,
+            max_loss=m.max_loss,
+            diverged=m.diverged,
         )
         return row
 
 
 def _quietest(candidates: list[dict]) -> dict:
-    """The measurement taken while other processes used the least CPU (errors only if all failed)."""
+    """The measurement that did not diverge and was taken while other processes used the least CPU.
+
+    A failed one only if all failed.
+    """
     ok = [x for x in candidates if "error" not in x and "skipped" not in x]
     if not ok:
         return candidates[-1]
-    return min(ok, key=lambda x: x.get("other_busy_cores") if x.get("other_busy_cores") is not None else 1e9)
+
+    def noise(x: dict) -> tuple:
+        m = x.get("measurement")
+        other = x.get("other_busy_cores")
+        return (m is not None and m.diverged, other if other is not None else 1e9)
+
+    return min(ok, key=noise)
 
 
 def _brief(x: dict, batch: int) -> dict:
@@ -573,4 +586,5 @@ def _brief(x: dict, batch: int) -> dict:
         "steps_per_sec": m.cluster_examples_per_sec / batch,
         "min_worker_steps_per_sec": min(m.steps_per_sec.values()),
         "other_busy_cores": x["other_busy_cores"],
+        "diverged": m.diverged,
     }

@@ -11,6 +11,7 @@ def test_parse_worker_and_chief_lines():
         "task": "/job:worker/task:1",
         "global_step": 840,
         "local_examples_per_sec": 402.1,
+        "loss": 0.1234,
         "cluster_examples_per_sec": None,
         "global_steps_per_sec": None,
     }
@@ -23,7 +24,7 @@ def test_parse_worker_and_chief_lines():
     assert parse_line("placement (variables per PS): 1 PS") is None
 
 
-def _samples(t0, period, n, step0, dstep, eps, chief=False, bytes_per_step=None):
+def _samples(t0, period, n, step0, dstep, eps, chief=False, bytes_per_step=None, losses=None):
     out = []
     for k in range(n):
         step = step0 + k * dstep
@@ -32,6 +33,7 @@ def _samples(t0, period, n, step0, dstep, eps, chief=False, bytes_per_step=None)
                 t=t0 + k * period,
                 global_step=step,
                 local_examples_per_sec=eps,
+                loss=losses[k] if losses else 2.0,
                 cluster_examples_per_sec=2 * eps if chief else None,
                 global_steps_per_sec=2 * eps / 10 if chief else None,
                 link_bytes=((step * bytes_per_step, step * bytes_per_step),) if bytes_per_step else None,
@@ -60,6 +62,18 @@ def test_rates_and_window():
     assert (m.window_start.t, m.window_end.t, m.window_global_steps) == (3.0, 9.0, 120)
     assert m.link_bytes_per_step() == [(pytest.approx(1000.0), pytest.approx(1000.0))]
     assert m.cpu_seconds_per_step() == {"w0": pytest.approx(0.01)}
+    assert (m.first_loss, m.max_loss, m.diverged) == (2.0, 2.0, False)
+
+
+def test_divergence_is_flagged():
+    # The chief's first loss is 2.3; a measured interval logs 30 (> 10 x 2.3 = 23): diverged.
+    # A loss falling to 0.001 is training, not diverging.
+    falling = _samples(0.0, 1.0, 4, 10, 10, 100.0, chief=True, losses=[2.3, 1.0, 0.01, 0.001])
+    m = measure({"w0": falling}, "w0", 10, 10, warmup=1, measure=2)
+    assert not m.diverged
+    rising = _samples(0.0, 1.0, 4, 10, 10, 100.0, chief=True, losses=[2.3, 2.3, 30.0, 2.3])
+    m = measure({"w0": rising}, "w0", 10, 10, warmup=1, measure=2)
+    assert m.diverged and m.max_loss == 30.0
 
 
 def test_not_ready_until_every_replica_has_measured_intervals():
