@@ -123,10 +123,11 @@ def test_emulated_link_bytes_and_cleanup(tmp_path):
     assert run["busiest_link_bytes_per_step"] > 0 and run["min_link_bytes_per_step"] > 0
     hosts = {h["tasks"]: h for h in run["link_bytes_per_step"]}
     assert set(hosts) == {"worker0", "ps0"}  # dedicated: the PS on its own host
-    # Headers add a few per cent; the payload must be there in both directions.
+    # The payload must be there in both directions. At this size the per-step RPCs, their
+    # headers and the ACKs add ~10-20 KB (measured 27.7-44.6 KB sent per step).
     for h in hosts.values():
-        assert 0.9 * 27_688 < h["sent"] < 1.5 * 27_688
-        assert 0.9 * 27_688 < h["received"] < 1.5 * 27_688
+        assert 0.9 * 27_688 < h["sent"] < 2.5 * 27_688
+        assert 0.9 * 27_688 < h["received"] < 2.5 * 27_688
     left = [ns for ns in netem._netns_list() if ns.startswith(f"dtbench-{pid}-")]
     assert not left, f"namespaces left behind: {left}"
 
