@@ -37,6 +37,8 @@ flags.DEFINE_integer("warmup_steps", 20, "Steps per replica dropped as warm-up."
 flags.DEFINE_integer("measure_steps", 50, "Steps per replica measured, at least.")
 flags.DEFINE_boolean("reference", True, "Also run one process alone (needed for scaling and the bound).")
 flags.DEFINE_integer("repeats", 1, "Run everything this many times, interleaved; keep each run's quietest.")
+flags.DEFINE_float("quiet_cores", None, "Before each run, wait until other processes use fewer cores.")
+flags.DEFINE_float("quiet_timeout", 600, "Seconds to wait for --quiet_cores at most, then go ahead.")
 flags.DEFINE_float("run_timeout", 900, "Seconds before a run that has not finished measuring fails.")
 flags.DEFINE_string("logdir", "/tmp/disttrain_bench", "Where every run's task logs go.")
 flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
@@ -83,6 +85,8 @@ def main(argv):
         measure_steps=FLAGS.measure_steps,
         reference=FLAGS.reference,
         repeats=FLAGS.repeats,
+        quiet_cores=FLAGS.quiet_cores,
+        quiet_timeout=FLAGS.quiet_timeout,
         run_timeout=FLAGS.run_timeout,
         logdir=FLAGS.logdir,
     )

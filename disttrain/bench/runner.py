@@ -33,7 +33,7 @@ from disttrain import local, metrics, placement, strategies, trainer
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem
-from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, watch
+from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, wait_until_quiet, watch
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
 from disttrain.errors import ConfigError
@@ -95,6 +95,8 @@ class BenchConfig:
     measure_steps: int = 50  # per replica, at least
     reference: bool = True
     repeats: int = 1  # each run (and the reference) this many times; the quietest counts
+    quiet_cores: float | None = None  # before each run, wait until others use fewer cores
+    quiet_timeout: float = 600.0  # seconds to wait for that at most
     run_timeout: float = 900.0  # seconds per run
     logdir: str = "/tmp/disttrain_bench"
     netns_prefix: str = "dtbench"
@@ -437,7 +439,13 @@ class Benchmark:
                 self.on_update(report)
         return report
 
+    def _wait_quiet(self) -> None:
+        c = self.config
+        if c.quiet_cores is not None:
+            wait_until_quiet(c.quiet_cores, c.quiet_timeout, self.log)
+
     def _reference(self, rep: int) -> dict:
+        self._wait_quiet()
         try:
             return self._run_reference(rep)
         except RunFailed as e:
@@ -456,6 +464,7 @@ class Benchmark:
             f"_{rep + 1}" if c.repeats > 1 else ""
         )
         logdir = self._fresh(os.path.join(c.logdir, name))
+        self._wait_quiet()
         self.log(f"{self._elapsed()} {where} {spec.label}: logs {logdir}/logs")
         t = time.monotonic()
         try:

@@ -141,6 +141,33 @@ def watch(
         time.sleep(_POLL_SECS)
 
 
+def wait_until_quiet(
+    max_cores: float, timeout: float, log: Callable[[str], None], sample_secs: float = 5.0
+) -> float:
+    """Wait until the machine's other processes use < `max_cores` cores over `sample_secs`.
+
+    For shared machines: called between runs, when none of the benchmark's tasks is
+    running, so all busy CPU but this process's is someone else's. Gives up after
+    `timeout` seconds (the run then goes ahead, and its `others` column says how noisy
+    it was). Returns the last reading.
+    """
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        t = os.times()
+        own0, busy0 = t.user + t.system, machine_busy_seconds()
+        time.sleep(sample_secs)
+        t = os.times()
+        others = max(0.0, machine_busy_seconds() - busy0 - (t.user + t.system - own0)) / sample_secs
+        if others < max_cores or time.monotonic() > deadline:
+            if told:
+                log(f"  other processes use {others:.1f} cores: going ahead")
+            return others
+        if not told:
+            log(f"  waiting for a quiet machine: others use {others:.1f} cores (< {max_cores} wanted)")
+            told = True
+
+
 def stop(procs: list[subprocess.Popen], grace_secs: float = 5.0) -> None:
     """SIGTERM, then SIGKILL what is left after `grace_secs`; reaps every process."""
     for p in procs:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import gin
 import pytest
@@ -130,6 +132,54 @@ def test_emulated_link_bytes_and_cleanup(tmp_path):
         assert 0.9 * 27_688 < h["received"] < 2.5 * 27_688
     left = [ns for ns in netem._netns_list() if ns.startswith(f"dtbench-{pid}-")]
     assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.mark.netem
+def test_ctrl_c_leaves_no_namespaces_or_tasks(tmp_path):
+    reason = netem.check_permitted()
+    if reason is not None:
+        pytest.skip(reason)
+    logdir = tmp_path / "logs"
+    argv = [
+        sys.executable,
+        BENCHMARK,
+        "--gin_file=gin/bench/mlp.gin",
+        f"--gin_file={TINY}",
+        "--workers=1",
+        "--ps=1",
+        "--systems=disttrain",
+        "--network=emulated",
+        "--link_mbit=100",
+        "--reference=false",
+        "--measure_steps=1000000",  # never finishes by itself
+        f"--logdir={logdir}",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    try:
+        mine = lambda: [ns for ns in netem._netns_list() if ns.startswith(f"dtbench-{proc.pid}-")]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not list(logdir.glob("*/logs/worker_0.log")):
+            time.sleep(0.2)
+        time.sleep(3)  # the tasks are up inside their namespaces
+        assert mine(), "the run never started"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out[-2000:]
+    assert out.strip().splitlines()[-1] == "disttrain: error: interrupted"
+    assert not mine()
+    left = subprocess.run(["pgrep", "-f", f"logdir={logdir}"], capture_output=True, text=True).stdout
+    assert not left.strip(), f"tasks left running: {left}"
 
 
 @pytest.mark.netem

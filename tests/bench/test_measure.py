@@ -84,3 +84,15 @@ def test_not_ready_until_every_replica_has_measured_intervals():
     assert measure({"w0": chief, "w1": late}, "w0", 10, 10, warmup=1, measure=2) is None
     with pytest.raises(ValueError):
         measure({"w0": chief}, "w0", 10, 10, warmup=0, measure=1)
+
+
+def test_wait_until_quiet_gives_up_after_its_timeout():
+    from disttrain.bench.watch import wait_until_quiet
+
+    said = []
+    # Anything is quieter than 100 cores: returns after one reading, says nothing.
+    assert wait_until_quiet(100.0, timeout=5, log=said.append, sample_secs=0.1) < 100
+    assert said == []
+    # Nothing is quieter than -1 cores: waits out its timeout, then goes ahead.
+    wait_until_quiet(-1.0, timeout=0.3, log=said.append, sample_secs=0.1)
+    assert said[0].startswith("  waiting for a quiet machine") and said[-1].endswith("going ahead")
