@@ -96,3 +96,26 @@ def test_wait_until_quiet_gives_up_after_its_timeout():
     # Nothing is quieter than -1 cores: waits out its timeout, then goes ahead.
     wait_until_quiet(-1.0, timeout=0.3, log=said.append, sample_secs=0.1)
     assert said[0].startswith("  waiting for a quiet machine") and said[-1].endswith("going ahead")
+
+
+def test_repetition_reported_is_the_median_of_the_quiet_sane_ones():
+    from types import SimpleNamespace
+
+    from disttrain.bench.runner import _quietest
+
+    def rep(rate, other, diverged=False):
+        m = SimpleNamespace(cluster_examples_per_sec=rate, diverged=diverged)
+        return {"measurement": m, "other_busy_cores": other}
+
+    a, b, c = rep(300, 0.0), rep(400, 0.1), rep(350, 0.0)
+    noisy, broken = rep(100, 1.0), rep(900, 0.0, diverged=True)
+    assert _quietest([a, noisy, b, c, broken]) is c  # median of 300, 350, 400
+    assert _quietest([a, b]) is a  # the lower of two
+    assert _quietest([noisy, rep(200, 0.8)])["other_busy_cores"] == 0.8  # none quiet: the quietest
+    assert _quietest([broken, noisy]) is noisy  # a diverged run only if nothing else ran
+    failed = {"error": "boom"}
+    assert _quietest([failed]) is failed
+    # References are plain dicts.
+    assert (
+        _quietest([{"steps_per_sec": 5.0, "other_busy_cores": 0.0}, {"error": "x"}])["steps_per_sec"] == 5.0
+    )
