@@ -12,9 +12,9 @@ import contextlib
 import os
 import sys
 
+import gin
 import tensorflow as tf
 
-import gin
 from disttrain import cluster as cluster_lib
 from disttrain import configurables, launch
 from disttrain.config import TrainConfig

@@ -243,13 +243,13 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, l
         wait_for_peers(others, config.peer_wait_secs, report=log_fn)
         check_cluster_agrees(cluster, target, spec_anchor(cluster), config.peer_wait_secs)
 
-        def on_reconnect():
+        def on_reconnect(lost: str):
             if not strategy.recovers_in_process:
                 raise TransientError(
-                    f"{cluster.task_name} lost a peer; {type(strategy).__name__} cannot recover in-process: "
+                    f"{cluster.task_name} lost {lost}; {type(strategy).__name__} cannot recover in-process: "
                     "exiting to restart from the last checkpoint"
                 )
-            log_fn(f"{cluster.task_name} lost its session (a peer died or restarted); checking peers")
+            log_fn(f"{cluster.task_name} lost its session: {lost} is gone or restarted; checking peers")
             wait_for_peers(others, config.peer_wait_secs, report=log_fn)
             latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
             log_fn(

@@ -96,6 +96,7 @@ class LocalCluster:
         popen: Callable | None = None,
         gpus_per_worker: int = 1,
         max_restarts: int = 0,
+        restart_delay_secs: float = 0.0,
         on_event: Callable[[str], None] | None = None,
     ):
         self.gin_files, self.gin_params, self.logdir = list(gin_files), list(gin_params), logdir
@@ -113,6 +114,8 @@ class LocalCluster:
             self.tasks.append(Task(EVALUATOR, 0, None, os.path.join(logdir, "logs", "evaluator_0.log")))
         self.failed: list[Task] = []  # tasks that had failed when wait() stopped the cluster
         self.max_restarts = max_restarts
+        self.restart_delay_secs = restart_delay_secs  # an orchestrator's back-off
+        self._due: dict[str, tuple[Task, float]] = {}  # tasks waiting to be restarted
         self.restarts: dict[str, int] = {}
         self.events: list[str] = []
         self._on_event = on_event
@@ -170,7 +173,7 @@ class LocalCluster:
             return False
         self.restarts[task.name] = used + 1
         self._event(f"{task.name} died ({how}); restarting it ({used + 1}/{self.max_restarts})")
-        self._start_task(task, mode="a")
+        self._due[task.name] = (task, time.monotonic() + self.restart_delay_secs)
         return True
 
     def poll(self) -> dict[str, int | None]:
@@ -185,7 +188,11 @@ class LocalCluster:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
+                for name, (task, when) in list(self._due.items()):
+                    if time.monotonic() >= when:
+                        del self._due[name]
+                        self._start_task(task, mode="a")
+                failed = [t for t in self.tasks if t.name not in self._due and t.proc.poll() not in (None, 0)]
                 if any(not self._restart_or_fail(t) for t in failed):
                     break
                 if all(t.proc.poll() == 0 for t in self.tasks):

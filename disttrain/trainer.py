@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -90,21 +91,44 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
             ) from None
 
 
+class _LostPeerLog(logging.Filter):
+    """Keeps the error behind MonitoredSession's silent session re-creation.
+
+    TF logs it at INFO ("This may be due to a preemption ...") and starts a
+    new session; this filter on TF's logger remembers the tasks it names and
+    lets through only what the logger would have shown anyway.
+    """
+
+    def __init__(self, shown_level: int):
+        super().__init__()
+        self.shown_level, self.lost = shown_level, ""
+
+    def filter(self, record):
+        message = record.getMessage()
+        if "may be due to a preemption" in message:
+            # The peer that failed is the remote target of the failed call.
+            tasks = sorted(set(re.findall(r"remote target (/job:\w+/replica:\d+/task:\d+)", message)))
+            error = message.split("Error:", 1)[-1].strip().splitlines()[0][:200]
+            self.lost = ", ".join(t.replace("/replica:0", "") for t in tasks) or error
+        return record.levelno >= self.shown_level
+
+
 class _Reconnecting(v1.train.SessionCreator):
-    """Calls `on_reconnect` before every session after the first.
+    """Calls `on_reconnect(lost)` before every session after the first.
 
     MonitoredSession re-creates its session when a peer is lost (TF's
     Unavailable/Aborted errors) and would otherwise wait silently and for
-    ever; the launcher's callback names the missing peers and gives up after
-    a bounded wait.
+    ever; the launcher's callback names the lost peer and gives up after a
+    bounded wait for it.
     """
 
-    def __init__(self, inner, on_reconnect):
+    def __init__(self, inner, on_reconnect, lost_peer_log: _LostPeerLog):
         self._inner, self._on_reconnect, self._created = inner, on_reconnect, 0
+        self._log = lost_peer_log
 
     def create_session(self):
         if self._created and self._on_reconnect is not None:
-            self._on_reconnect()
+            self._on_reconnect(self._log.lost or "a peer")
         self._created += 1
         return self._inner.create_session()
 
@@ -213,7 +237,12 @@ def train(
             )
         else:
             creator = _WorkerSessionCreator(scaffold, target, session_config, config.peer_wait_secs)
-        creator = _Reconnecting(creator, on_reconnect)
+        tf_logger = tf.get_logger()
+        lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
+        creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
+        level = tf_logger.level
+        tf_logger.addFilter(lost_peer_log)
+        tf_logger.setLevel(min(tf_logger.getEffectiveLevel(), logging.INFO))
         try:
             with v1.train.MonitoredSession(
                 session_creator=creator, hooks=hooks, stop_grace_period_secs=5
@@ -228,10 +257,14 @@ def train(
                 f"{what} became NaN or Inf after global step {hook.result.global_step}: stopping; "
                 "the last checkpoint holds no diverged value (lower the learning rate?)"
             ) from None
+        finally:
+            tf_logger.removeFilter(lost_peer_log)
+            tf_logger.setLevel(level)
     result = hook.result
     write_result(logdir, job, index, result)
     log_fn(
-        f"{cluster.task_name} finished: {result.local_steps} local steps to global step {result.global_step}, "
+        f"{cluster.task_name} finished: {result.local_steps} local steps "
+        f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
     return result

@@ -68,12 +68,15 @@ def test_killed_worker_is_named_restarted_and_rejoins_while_the_others_train(tmp
 
 
 def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_path):
-    cluster, victim, killed_at, codes = run_and_kill(tmp_path, victim_index=1, num_ps=2, num_workers=2)
+    # An orchestrator backs off before restarting (Kubernetes: CrashLoopBackOff): the PS is gone a while.
+    cluster, victim, killed_at, codes = run_and_kill(
+        tmp_path, victim_index=1, num_ps=2, num_workers=2, restart_delay_secs=3.0
+    )
     assert victim.name == "/job:ps/task:1"
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
     assert any("/job:ps/task:1 died (signal 9); restarting" in e for e in cluster.events)
     chief_log = open(cluster.chief_task.log_path).read()
-    assert "lost its session" in chief_log and "waiting for /job:ps/task:1" in chief_log, chief_log[-3000:]
+    assert "lost its session: /job:ps/task:1 is gone" in chief_log, chief_log[-3000:]
     resumed = [int(s) for s in re.findall(r"resuming from .*model\.ckpt-(\d+)", chief_log)]
     assert resumed and resumed[0] >= killed_at - 50, (resumed, killed_at)  # no checkpointed progress lost
     steps = logged_steps(cluster.chief_task.log_path)

@@ -73,7 +73,8 @@ def test_round_robin_vs_greedy_vs_partitioned(num_ps, capsys):
     with capsys.disabled():
         print(
             f"\nAlexNet-like, {num_ps} PS, busiest/mean: round robin {placement.max_over_mean(rr):.2f}, "
-            f"greedy unsplit {placement.max_over_mean(greedy):.2f}, partitioned {placement.max_over_mean(parted):.3f}"
+            f"greedy unsplit {placement.max_over_mean(greedy):.2f}, "
+            f"partitioned {placement.max_over_mean(parted):.3f}"
         )
     # fc6 alone is 0.61 of the bytes: unsplit, its PS carries 0.61 * P times the mean.
     assert placement.max_over_mean(greedy) >= 0.6 * num_ps
