@@ -113,7 +113,9 @@ def test_emulated_link_bytes_and_cleanup(tmp_path):
         "--network=emulated",
         "--link_mbit=100",
         "--warmup_steps=10",
-        "--measure_steps=20",
+        # The window's step count can be off by about one step at each end (the chief's logged
+        # global step is read during its step): 40 steps keep that error near 5%, inside 0.9.
+        "--measure_steps=40",
     ]
     done, report, pid = benchmark(args, tmp_path)
     assert done.returncode == 0, _explain(done)
