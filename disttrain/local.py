@@ -60,6 +60,20 @@ def visible_devices(job: str, index: int, gpus: int, gpus_per_worker: int = 1) -
     return ",".join(str((first + k) % gpus) for k in range(gpus_per_worker))
 
 
+def stop_processes(procs: Sequence[subprocess.Popen], grace_secs: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace_secs`; reaps every process."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + grace_secs
+    for p in live:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 @dataclasses.dataclass
 class Task:
     job: str
@@ -213,16 +227,7 @@ class LocalCluster:
 
     def stop(self, grace_secs: float = 5.0) -> None:
         """SIGTERM every live task, then SIGKILL what is left after `grace_secs`."""
-        live = [t.proc for t in self.tasks if t.proc is not None and t.proc.poll() is None]
-        for p in live:
-            p.terminate()
-        deadline = time.monotonic() + grace_secs
-        for p in live:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes([t.proc for t in self.tasks if t.proc is not None], grace_secs)
 
     @property
     def chief_task(self) -> Task:

@@ -168,15 +168,4 @@ def wait_until_quiet(
             told = True
 
 
-def stop(procs: list[subprocess.Popen], grace_secs: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `grace_secs`; reaps every process."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + grace_secs
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+stop = local.stop_processes  # one implementation for the benchmark and LocalCluster
