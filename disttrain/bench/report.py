@@ -188,7 +188,14 @@ def plot(report: dict, path: str) -> str | None:
     ax.set_xlabel("workers")
     ax.set_ylabel("examples/s (async: N x slowest worker)")
     ax.set_xticks(workers or [1])
-    ax.set_ylim(bottom=0)
+    measured = [y for points in series.values() for _, y in points] + [
+        y for points in bounds.values() for _, y in points
+    ]
+    ideal = max(workers) * ref * batch if ref and workers else 0
+    if measured and ideal > 5 * max(measured):
+        ax.set_yscale("log")  # network-bound: the ideal line would flatten everything else
+    else:
+        ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
