@@ -30,12 +30,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: get SIGTERM when the launcher dies, so no task is orphaned."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def task_process_options(log_file) -> dict:
+    """Popen options for one task: output to its log, run from the repository, ended with the launcher."""
+    return dict(stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent)
 
 
 def gpu_count() -> int:
@@ -149,9 +154,7 @@ class LocalCluster:
 
     @staticmethod
     def _local_popen(task: Task, argv, env, log_file) -> subprocess.Popen:
-        return subprocess.Popen(
-            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=_die_with_parent
-        )
+        return subprocess.Popen(argv, env=env, **task_process_options(log_file))
 
     def start(self) -> LocalCluster:
         os.makedirs(os.path.join(self.logdir, "logs"), exist_ok=True)
@@ -189,9 +192,6 @@ class LocalCluster:
         self._event(f"{task.name} died ({how}); restarting it ({used + 1}/{self.max_restarts})")
         self._due[task.name] = (task, time.monotonic() + self.restart_delay_secs)
         return True
-
-    def poll(self) -> dict[str, int | None]:
-        return {t.name: t.proc.poll() for t in self.tasks}
 
     def wait(self, timeout: float | None = None, on_tick: Callable[[], None] | None = None) -> dict[str, int]:
         """Wait for every task to exit; stop the rest at the first failure or on timeout.

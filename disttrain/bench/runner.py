@@ -275,14 +275,7 @@ class Benchmark:
         env["PYTHONUNBUFFERED"] = "1"
         self.log(f"{self._elapsed()} reference: one process, no cluster; log {log_path}")
         with open(log_path, "w") as log_file:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=local.REPO,
-                preexec_fn=local._die_with_parent,
-            )
+            proc = subprocess.Popen(argv, env=env, **local.task_process_options(log_file))
         task = "/job:localhost/replica:0/task:0"
         try:
             m = self._watch([Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
@@ -349,13 +342,7 @@ class Benchmark:
 
             def popen(task, argv, env, log_file):
                 return hosts.popen(
-                    host[(task.job, task.index)],
-                    argv,
-                    env=env,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    cwd=local.REPO,
-                    preexec_fn=local._die_with_parent,
+                    host[(task.job, task.index)], argv, env=env, **local.task_process_options(log_file)
                 )
 
             def counters() -> tuple:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.local import LocalCluster, _die_with_parent
+from disttrain.local import LocalCluster, die_with_parent, task_process_options
 from model_zoo.mlp import MLP
 from tests.cluster.helpers import TINY, describe_failure, results, train_py
 
@@ -221,7 +221,7 @@ class PrivateLoopback:
     def __enter__(self):
         self.holder = subprocess.Popen(
             ["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep 600"],
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         # Until `unshare` has run, the holder is still in our namespace.
         own = os.readlink("/proc/self/ns/net")
@@ -253,14 +253,8 @@ class PrivateLoopback:
         return None
 
     def popen(self, task, argv, env, log_file):
-        return subprocess.Popen(
-            ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net", *argv],
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-            preexec_fn=_die_with_parent,
-        )
+        argv = ["nsenter", f"--net=/proc/{self.holder.pid}/ns/net", *argv]
+        return subprocess.Popen(argv, env=env, **task_process_options(log_file))
 
 
 @pytest.mark.skipif(not _netns_supported(), reason="needs network namespaces (root or user namespaces)")
