@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import subprocess
@@ -42,14 +41,6 @@ def scalars(directory: str, tag: str) -> list[tuple[int, float]]:
         if tag in acc.Tags()["scalars"]:
             out += [(e.step, e.value) for e in acc.Scalars(tag)]
     return sorted(out)
-
-
-def results(logdir: str) -> dict[str, dict]:
-    out = {}
-    for path in glob.glob(os.path.join(logdir, "tasks", "*", "result.json")):
-        with open(path) as f:
-            out[os.path.basename(os.path.dirname(path))] = json.load(f)
-    return out
 
 
 def train_py(args, env=None, timeout=120) -> subprocess.CompletedProcess:

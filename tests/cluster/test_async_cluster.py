@@ -5,7 +5,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from tests.cluster.helpers import TINY, describe_failure, results, run_cluster, scalars
+from disttrain.launch import read_results
+from tests.cluster.helpers import TINY, describe_failure, run_cluster, scalars
 
 pytestmark = pytest.mark.cluster
 
@@ -34,7 +35,7 @@ def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
     step = tf.train.load_checkpoint(logdir).get_tensor("global_step")
     assert step >= 200
     assert os.path.exists(os.path.join(logdir, "operative_config.gin"))
-    r = results(logdir)
+    r = read_results(logdir)
     assert set(r) == {"worker_0", "worker_1"} and all(x["local_steps"] > 0 for x in r.values())
     chief_log = open(cluster.chief_task.log_path).read()
     assert "busiest PS / mean" in chief_log  # the placement report, printed by the chief
@@ -52,7 +53,7 @@ def test_restart_resumes_from_the_latest_checkpoint(tmp_path):
     assert set(codes.values()) == {0}, describe_failure(second)
     assert tf.train.load_checkpoint(second.logdir).get_tensor("global_step") >= 30
     # It went on from the checkpoint, not from 0: it ran only the remaining steps.
-    assert results(second.logdir)["worker_0"]["local_steps"] <= 30 - step1 + 1
+    assert read_results(second.logdir)["worker_0"]["local_steps"] <= 30 - step1 + 1
 
 
 def test_separate_chief_and_evaluator(tmp_path):
@@ -66,5 +67,5 @@ def test_separate_chief_and_evaluator(tmp_path):
         gin_params=["TrainConfig.train_steps=30"],
     )
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
-    assert set(results(cluster.logdir)) == {"chief_0", "worker_0"}
+    assert set(read_results(cluster.logdir)) == {"chief_0", "worker_0"}
     assert scalars(os.path.join(cluster.logdir, "eval"), "eval/loss")

@@ -17,8 +17,9 @@ import pytest
 import tensorflow as tf
 
 from disttrain.errors import EXIT_CONFIG, EXIT_DIVERGED
+from disttrain.launch import read_results
 from disttrain.local import REPO, TRAIN_PY, LocalCluster, free_port
-from tests.cluster.helpers import TINY, describe_failure, results, scalars, train_py, wait_for_line
+from tests.cluster.helpers import TINY, describe_failure, scalars, train_py, wait_for_line
 
 pytestmark = [pytest.mark.cluster, pytest.mark.fault]
 
@@ -60,7 +61,7 @@ def test_killed_worker_is_named_restarted_and_rejoins_while_the_others_train(tmp
     assert victim.name == "/job:worker/task:1"
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
     assert any("/job:worker/task:1 died (signal 9); restarting" in e for e in cluster.events), cluster.events
-    r = results(cluster.logdir)
+    r = read_results(cluster.logdir)
     assert r["worker_1"]["local_steps"] > 0  # the restarted worker rejoined and trained to the end
     assert r["worker_0"]["global_step"] >= 500
     steps = logged_steps(cluster.chief_task.log_path)
@@ -92,7 +93,7 @@ def test_killed_chief_restarts_from_the_latest_checkpoint(tmp_path):
     cluster, victim, killed_at, codes = run_and_kill(tmp_path, victim_index=1, num_ps=1, num_workers=2)
     assert victim.name == "/job:worker/task:0" and victim is cluster.chief_task
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
-    r = results(cluster.logdir)
+    r = read_results(cluster.logdir)
     assert r["worker_0"]["global_step"] >= 500 and r["worker_1"]["local_steps"] > 0
     steps = logged_steps(cluster.chief_task.log_path)
     restart = (

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain.launch import read_results
 from disttrain.local import LocalCluster, die_with_parent, task_process_options
 from model_zoo.mlp import MLP
-from tests.cluster.helpers import TINY, describe_failure, results, train_py
+from tests.cluster.helpers import TINY, describe_failure, train_py
 
 pytestmark = pytest.mark.cluster
 
@@ -134,7 +135,7 @@ def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, o
     # Two PS: the plan splits the larger weights, so partitioned accumulators are covered too.
     cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=2, num_workers=2, gin_params=params)
     assert_same_variables(variables(cluster.logdir), one_process)
-    assert [r["local_steps"] for r in results(cluster.logdir).values()] == [STEPS, STEPS]
+    assert [r["local_steps"] for r in read_results(cluster.logdir).values()] == [STEPS, STEPS]
     assert f"{STEPS} steps closed, per replica [{STEPS}, {STEPS}]" in open(cluster.chief_task.log_path).read()
     secs = shutdown_secs(cluster, exited)
     MEASURED["shutdown, sync PS 2 PS + 2 workers (s)"] = round(secs, 1)
@@ -151,7 +152,7 @@ def test_all_reduce_two_workers_with_two_towers_equal_one_process(tmp_path, one_
     params = [*EQUIVALENCE, f"TrainConfig.batch_size = {BATCH}", "SyncAllReduce.num_towers = 2"]
     cluster, exited = run_timed(tmp_path, [ALLREDUCE, TINY], num_ps=0, num_workers=2, gin_params=params)
     assert_same_variables(variables(cluster.logdir), one_process)
-    r = results(cluster.logdir)
+    r = read_results(cluster.logdir)
     # The other replica took the chief's restored step from the broadcast and ran in lockstep.
     assert r["worker_1"]["global_step"] == START + STEPS and r["worker_1"]["local_steps"] == STEPS
     MEASURED["shutdown, all-reduce 2 workers (s)"] = round(shutdown_secs(cluster, exited), 1)
@@ -175,7 +176,7 @@ def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
         "TrainConfig.train_steps = 100",
     ]
     cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=1, num_workers=3, gin_params=params)
-    r = results(cluster.logdir)
+    r = read_results(cluster.logdir)
     chief, slow = r["worker_0"], r["worker_2"]
     assert chief["global_step"] == 100
     global_rate = chief["global_step"] / chief["seconds"]
@@ -289,7 +290,7 @@ def test_16_bit_transfer_converges_and_halves_the_bytes_on_the_wire(tmp_path):
                 popen=ns.popen,
             )
             per_step[name] = (ns.lo_bytes() - before) / steps
-        r = results(cluster.logdir)["worker_0"]
+        r = read_results(cluster.logdir)["worker_0"]
         assert r["global_step"] == steps
         if name == "float16":
             log = open(cluster.chief_task.log_path).read()
@@ -323,7 +324,7 @@ def test_steps_per_sec_of_the_three_strategies(tmp_path):
         cluster, exited = run_timed(
             tmp_path / name.replace(" ", "_"), [gin, TINY], num_ps=num_ps, num_workers=2, gin_params=params
         )
-        r = results(cluster.logdir)
+        r = read_results(cluster.logdir)
         chief = r["worker_0"]
         examples_per_step = 8 if name == "async PS" else 16
         table[name] = (
