@@ -258,8 +258,7 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, l
 
     def built(b: trainer.Built) -> None:
         if cluster.is_chief and strategy.plan is not None:
-            loads = placement.ps_loads(b.graph, cluster.num_ps, include_slots=False)
-            log_fn(placement.format_report(loads, "placement (variables per PS)"))
+            log_fn(placement.report(b.graph, cluster.num_ps, "placement (variables per PS)"))
         if on_built is not None and cluster.is_chief:
             on_built()
 
@@ -357,8 +356,7 @@ def dry_run(cluster: Cluster, config: TrainConfig) -> str:
     lines.append(f"strategy: {type(strategy).__name__}, {strategy.num_towers} tower(s) per replica")
     built = trainer.build(view, config, strategy)
     if strategy.plan is not None:
-        loads = placement.ps_loads(built.graph, view.num_ps, include_slots=False)
-        lines.append(placement.format_report(loads, "placement plan (variables per PS)"))
+        lines.append(placement.report(built.graph, view.num_ps, "placement plan (variables per PS)"))
         for name, (axis, parts) in sorted(strategy.plan.parts.items()):
             lines.append(f"  split {name} into {parts} parts along axis {axis}")
         for task in range(view.num_ps):

@@ -337,6 +337,11 @@ def ps_loads(graph: tf.Graph, num_ps: int, include_slots: bool = True) -> list[i
     return loads
 
 
+def report(graph: tf.Graph, num_ps: int, title: str = "placement") -> str:
+    """The placement report of a built graph: variable bytes per PS, optimizer slots not counted."""
+    return format_report(ps_loads(graph, num_ps, include_slots=False), title)
+
+
 def format_report(loads: Sequence[int], title: str = "placement") -> str:
     """Human-readable bytes per PS and the max/mean ratio."""
     total = sum(loads)

@@ -228,24 +228,6 @@ class Benchmark:
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self._t0:6.0f}s"
 
-    def _env(self) -> dict[str, str]:
-        """The tasks' environment: ours, with TF's process-wide thread pools sized as the config says.
-
-        TrainConfig's thread counts reach only the session's own pools. A tf.train.Saver
-        (every task builds one) initialises TF's process-wide context, whose intra-op pool
-        (all cores) then runs the oneDNN kernels: measured here, a task with
-        intra_op_threads = 1 computes the MLP on 2 cores. TF sizes that pool from
-        TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS, so the benchmark sets them.
-        """
-        env = dict(os.environ)
-        for name, value in (
-            ("TF_NUM_INTRAOP_THREADS", self._model["intra"]),
-            ("TF_NUM_INTEROP_THREADS", self._model["inter"]),
-        ):
-            if value > 0:
-                env[name] = str(value)
-        return env
-
     def _watch(self, procs, replicas, chief, every_n, batch, link_bytes, label) -> measure_lib.Measurement:
         c = self.config
         return watch(
@@ -271,7 +253,7 @@ class Benchmark:
         argv = [sys.executable, local.TRAIN_PY, f"--logdir={logdir}"]
         argv += [f"--gin_file={f}" for f in self._gin_files()]
         argv += [f"--gin_param={p}" for p in self._bindings(STRATEGIES["async_ps"])]
-        env = {k: v for k, v in self._env().items() if k != "TF_CONFIG"}
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         env["PYTHONUNBUFFERED"] = "1"
         self.log(f"{self._elapsed()} reference: one process, no cluster; log {log_path}")
         with open(log_path, "w") as log_file:
@@ -325,7 +307,7 @@ class Benchmark:
             num_ps=spec.ps,
             num_workers=spec.workers,
             gin_params=self._bindings(spec.kind),
-            env=self._env(),
+            env=dict(os.environ),
         )
         label = f"{spec.system} {spec.workers}w/{spec.ps}ps"
         if c.network == LOCALHOST:
