@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import tensorflow as tf
+from absl import logging as log
 
 from disttrain.errors import ConfigError
 from disttrain.strategies.base import Strategy
@@ -19,13 +22,16 @@ class AsyncParameterServer(Strategy):
     rest; the price is that gradients may be computed from slightly stale
     variables. One increment of the global step is one replica's batch.
 
-    overlap: keep the network off the step's critical path. The model reads
-      worker-side copies of the variables; a step's gradients are parked on
-      the worker and pushed to the PS during the *next* step's compute, and
-      fresh values are pulled into the copies right after that push, also
-      while the worker computes. Each step then costs about max(compute,
-      transfer) instead of their sum; gradients are computed from values two
-      updates of this worker old (plus whatever other workers pushed).
+    overlap: take the network out of the step. The model reads worker-side
+      copies of the variables, and a step ends once its gradients are queued
+      on the worker. A transfer loop (a queue runner: its own thread and
+      session.run, started and stopped with the session) takes each queued
+      gradient, applies it on the PS and pulls fresh values into the copies,
+      while the next steps compute. The queue holds one gradient, so a step
+      waits only if the transfer loop is more than a step behind: gradients
+      are at most two updates of this worker stale (plus whatever other
+      workers pushed), none is dropped, and the last ones are pushed before
+      the session closes.
     transfer_dtype: 'bfloat16' or 'float16' halves the bytes (and the CPU that
       gRPC spends on them) of both the push and the pull; variables, optimizer
       state and the update stay float32 on the PS. Needs overlap.
@@ -48,10 +54,9 @@ class AsyncParameterServer(Strategy):
             raise ConfigError("AsyncParameterServer.transfer_dtype needs overlap=True")
         self.overlap = overlap
         self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
-        self._copies: dict[
-            str, tuple[tf.Variable, tf.Variable]
-        ] = {}  # PS variable name -> (copy, PS variable)
-        self._flush = None
+        self._copies: list[tuple[tf.Variable, tf.Variable]] = []  # (worker copy, PS variable)
+        self.transfer_op: tf.Operation | None = None  # one round of the transfer loop
+        self._counts = None  # (gradients queued, gradients applied) on this worker
 
     def _on_ps(self, var, value):
         """`value` converted for the wire on `var`'s PS (a no-op without a transfer dtype)."""
@@ -63,13 +68,11 @@ class AsyncParameterServer(Strategy):
     def _local_copy(self, var) -> tf.Tensor:
         """The worker-side copy the model reads instead of `var` (created on first use)."""
         with tf.device(self.compute_devices[0]), tf.name_scope("local_copy"):
-            copy = v1.Variable(
-                initial_value=lambda: tf.cast(self._on_ps(var, var.read_value()), var.dtype.base_dtype),
-                trainable=False,
-                collections=[v1.GraphKeys.LOCAL_VARIABLES],
-                name=var.op.name.replace("/", "_"),
+            copy = _local_variable(
+                lambda: tf.cast(self._on_ps(var, var.read_value()), var.dtype.base_dtype),
+                var.op.name.replace("/", "_"),
             )
-            self._copies[var.op.name] = (copy, var)
+            self._copies.append((copy, var))
             return copy.read_value()
 
     def compute_gradients(self, optimizer, loss, read=None):
@@ -79,41 +82,66 @@ class AsyncParameterServer(Strategy):
         if not self.overlap:
             return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         worker = self.compute_devices[0]
-        wire = self.transfer_dtype
-        parked, stores, to_push = [], [], []
-        with tf.device(worker), tf.name_scope("parked_gradients"):
-            for grad, var in grads_and_vars:
-                grad = tf.convert_to_tensor(grad)  # sparse gradients are sent dense
-                buffer = v1.Variable(
-                    tf.zeros(grad.shape, wire or grad.dtype),
-                    trainable=False,
-                    collections=[v1.GraphKeys.LOCAL_VARIABLES],
-                    name=var.op.name.replace("/", "_"),
-                )
-                previous = buffer.read_value()  # last step's gradient: pushed now
-                parked.append(previous)
-                with tf.control_dependencies([previous]):
-                    stores.append(buffer.assign(tf.cast(grad, buffer.dtype), read_value=False))
-                with tf.device(var.device):
-                    to_push.append((tf.cast(previous, var.dtype.base_dtype), var))
+        grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]  # sparse gradients are sent dense
+        wire = [self.transfer_dtype or g.dtype for g in grads]
+        with tf.device(worker), tf.name_scope("gradient_queue"):
+            queue = v1.FIFOQueue(1, wire, shapes=[g.shape for g in grads], name="gradients")
+            queued = _local_variable(lambda: tf.constant(0, tf.int64), "queued")
+            applied = _local_variable(lambda: tf.constant(0, tf.int64), "applied")
+            enqueue = queue.enqueue([tf.cast(g, w) for g, w in zip(grads, wire, strict=True)])
+            with tf.control_dependencies([enqueue]):
+                step = queued.assign_add(1, read_value=False)
+            received = queue.dequeue()
+            received = received if isinstance(received, list | tuple) else [received]
+        to_push = []
+        for grad, (_, var) in zip(received, grads_and_vars, strict=True):
+            with tf.device(var.device):
+                to_push.append((tf.cast(grad, var.dtype.base_dtype), var))
         push = optimizer.apply_gradients(to_push, global_step=global_step)
-        self._flush = push
         pulls = []
         with tf.device(worker), tf.name_scope("pull"), tf.control_dependencies([push]):
-            for copy, var in self._copies.values():
+            for copy, var in self._copies:
                 fresh = self._on_ps(var, var.read_value())
                 pulls.append(copy.assign(tf.cast(fresh, copy.dtype), read_value=False))
-        return tf.group(push, *pulls, *stores)
+            with tf.control_dependencies(pulls):
+                self.transfer_op = applied.assign_add(1, read_value=False)
+        v1.train.add_queue_runner(
+            v1.train.QueueRunner(
+                queue,
+                [self.transfer_op],
+                close_op=queue.close(),
+                cancel_op=queue.close(cancel_pending_enqueues=True),
+            )
+        )
+        self._counts = (queued, applied)
+        return step
 
     def hooks(self) -> list:
-        return [_FlushHook(self._flush)] if self._flush is not None else []
+        return [_DrainHook(*self._counts)] if self._counts is not None else []
 
 
-class _FlushHook(v1.train.SessionRunHook):
-    """At the end of training, push the gradients still parked on the worker."""
+def _local_variable(initial_value, name: str) -> tf.Variable:
+    """A variable of this task alone: initialised by every session, never checkpointed."""
+    return v1.Variable(
+        initial_value=initial_value, trainable=False, collections=[v1.GraphKeys.LOCAL_VARIABLES], name=name
+    )
 
-    def __init__(self, push):
-        self._push = push
+
+class _DrainHook(v1.train.SessionRunHook):
+    """At the end of training, wait until the transfer loop has applied every queued gradient."""
+
+    def __init__(self, queued, applied, timeout_secs: float = 120.0):
+        self._counts = (queued.read_value(), applied.read_value())
+        self._timeout_secs = timeout_secs
 
     def end(self, session):
-        session.run(self._push)
+        deadline = time.monotonic() + self._timeout_secs
+        while True:
+            queued, applied = session.run(self._counts)
+            if applied >= queued:
+                return
+            if time.monotonic() > deadline:
+                left = queued - applied
+                log.warning("%d queued gradient(s) not applied after %.0f s", left, self._timeout_secs)
+                return
+            time.sleep(0.02)

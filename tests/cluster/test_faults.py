@@ -42,9 +42,10 @@ def checkpoint_steps(logdir):
     return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
 
 
-def run_and_kill(tmp_path, victim_index, after_pattern=r"step [1-9]\d\d ", **kwargs):
+def run_and_kill(tmp_path, victim_index, after_pattern=r"step [1-9]\d\d ", gin_params=(), **kwargs):
     """Start a cluster that restarts what dies, SIGKILL one task mid-training, wait for the end."""
-    cluster = LocalCluster(MLP, str(tmp_path / "logdir"), gin_params=STEPS, max_restarts=1, **kwargs).start()
+    params = [*STEPS, *gin_params]
+    cluster = LocalCluster(MLP, str(tmp_path / "logdir"), gin_params=params, max_restarts=1, **kwargs).start()
     try:
         wait_for_line(cluster.chief_task.log_path, after_pattern)
         victim = cluster.tasks[victim_index]
@@ -68,10 +69,17 @@ def test_killed_worker_is_named_restarted_and_rejoins_while_the_others_train(tmp
     assert steps == sorted(steps)  # async: losing a worker sets nothing back
 
 
-def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_path, overlap):
     # An orchestrator backs off before restarting (Kubernetes: CrashLoopBackOff): the PS is gone a while.
+    # With overlap, the PS is lost inside the transfer loop's thread: the same recovery must follow.
     cluster, victim, killed_at, codes = run_and_kill(
-        tmp_path, victim_index=1, num_ps=2, num_workers=2, restart_delay_secs=3.0
+        tmp_path,
+        victim_index=1,
+        num_ps=2,
+        num_workers=2,
+        restart_delay_secs=3.0,
+        gin_params=[f"AsyncParameterServer.overlap={overlap}"],
     )
     assert victim.name == "/job:ps/task:1"
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)

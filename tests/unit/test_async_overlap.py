@@ -1,6 +1,5 @@
-"""AsyncParameterServer(overlap=True): worker-side copies, gradients pushed one step later."""
+"""AsyncParameterServer(overlap=True): worker-side copies, a queued gradient, a transfer loop."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -10,54 +9,88 @@ from disttrain.errors import ConfigError
 v1 = tf.compat.v1
 
 
-def quadratic_run(strategy, steps, lr=0.5, target=1.0):
-    """Train w on 0.5 * (w - target)^2 from w = 0; return w after `steps` train ops and the end hooks."""
+def quadratic(strategy, lr=0.5, target=1.0):
+    """Build training of w on 0.5 * (w - target)^2 from w = 0; return (train_op, w, global_step)."""
+    with strategy.scope():
+
+        def loss_fn():
+            w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
+            return 0.5 * tf.square(w - target)
+
+        global_step = v1.train.get_or_create_global_step()
+        train_op = strategy.minimize(v1.train.GradientDescentOptimizer(lr), loss_fn, global_step)
+    return train_op, v1.global_variables("w")[0], global_step
+
+
+def alternating_run(strategy, steps):
+    """One step, then one round of the transfer loop, `steps` times: no pipelining at all."""
     with tf.Graph().as_default():
-        with strategy.scope():
-
-            def loss_fn():
-                w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
-                return 0.5 * tf.square(w - target)
-
-            train_op = strategy.minimize(v1.train.GradientDescentOptimizer(lr), loss_fn)
+        train_op, w, _ = quadratic(strategy)
         with v1.Session() as session:
             session.run(v1.global_variables_initializer())
             session.run(v1.local_variables_initializer())  # copies start from the PS values
             for _ in range(steps):
                 session.run(train_op)
-            for hook in strategy.hooks():
-                hook.end(session)  # what MonitoredSession does when training ends
-            return session.run(v1.global_variables("w")[0])
+                session.run(strategy.transfer_op)
+            return session.run(w)
 
 
-def simulate(steps, lr=0.5, target=1.0, flush=True):
-    """The overlap schedule: step k computes from the copy pulled after pushing step k-2's gradient."""
-    w, copy, parked = 0.0, 0.0, 0.0
-    for _ in range(steps):
-        grad = copy - target
-        w -= lr * parked  # push the parked gradient
-        copy = w  # pull
-        parked = grad
-    if flush:
-        w -= lr * parked
-    return w
-
-
-def test_overlap_pushes_each_gradient_one_step_late_and_flushes_at_the_end():
-    w = quadratic_run(AsyncParameterServer(Cluster.local(), overlap=True), steps=5)
-    assert w == pytest.approx(simulate(5))  # 5 steps + the flush of the last gradient
-    assert simulate(5) != pytest.approx(simulate(5, flush=False))
-    plain = quadratic_run(AsyncParameterServer(Cluster.local()), steps=5)
-    assert plain == pytest.approx(1 - 0.5**5)  # plain SGD, for contrast
-    assert w != pytest.approx(plain)
+def test_step_then_transfer_is_plain_sgd():
+    plain = 1 - 0.5**5
+    overlapped = alternating_run(AsyncParameterServer(Cluster.local(), overlap=True), steps=5)
+    assert overlapped == pytest.approx(plain)
+    with tf.Graph().as_default():
+        train_op, w, _ = quadratic(AsyncParameterServer(Cluster.local()))
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for _ in range(5):
+                session.run(train_op)
+            assert session.run(w) == pytest.approx(plain)
 
 
 def test_bfloat16_transfer_rounds_only_the_wire():
-    w = quadratic_run(AsyncParameterServer(Cluster.local(), overlap=True, transfer_dtype="bfloat16"), steps=6)
-    assert w == pytest.approx(simulate(6), rel=1e-2)
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True, transfer_dtype="bfloat16")
+    assert alternating_run(strategy, steps=6) == pytest.approx(1 - 0.5**6, rel=1e-2)
 
 
-def test_copies_live_on_the_worker_and_casts_on_the_ps():
+def test_a_step_waits_when_the_transfer_loop_is_a_gradient_behind():
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True)
+    with tf.Graph().as_default():
+        train_op, _, _ = quadratic(strategy)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            session.run(v1.local_variables_initializer())
+            session.run(train_op)  # its gradient waits in the queue
+            with pytest.raises(tf.errors.DeadlineExceededError):
+                session.run(train_op, options=v1.RunOptions(timeout_in_ms=300))
+            session.run(strategy.transfer_op)  # the loop takes it: room for the next
+            session.run(train_op)
+
+
+class _Final(v1.train.SessionRunHook):
+    """Reads tensors in end(), after the hooks before it (the drain) have run."""
+
+    def __init__(self, fetches):
+        self.fetches, self.values = fetches, None
+
+    def end(self, session):
+        self.values = session.run(self.fetches)
+
+
+def test_pipelined_training_applies_every_gradient_before_the_session_closes():
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True)
+    with tf.Graph().as_default():
+        train_op, w, global_step = quadratic(strategy, lr=0.1)
+        final = _Final([global_step, w])
+        with v1.train.MonitoredTrainingSession(hooks=[*strategy.hooks(), final]) as session:
+            for _ in range(40):
+                session.run(train_op)  # the queue runner applies while this loop computes
+    steps, value = final.values
+    assert steps == 40  # every queued gradient applied once, none dropped, none twice
+    assert value == pytest.approx(1.0, abs=0.05)  # converges despite gradients up to two updates stale
+
+
+def test_copies_and_queue_live_on_the_worker_and_casts_on_the_ps():
     cluster = Cluster.from_hosts("worker", 1, ["p0:1", "p1:1"], ["w0:1", "w1:1"])
     strategy = AsyncParameterServer(cluster, overlap=True, transfer_dtype="bfloat16")
     with tf.Graph().as_default() as g:
@@ -71,9 +104,12 @@ def test_copies_live_on_the_worker_and_casts_on_the_ps():
             strategy.minimize(v1.train.AdamOptimizer(0.1), loss_fn)
         local = {v.op.name: v.op.device for v in v1.local_variables()}
         global_names = {v.op.name for v in v1.global_variables()}
+        runners = v1.get_collection(v1.GraphKeys.QUEUE_RUNNERS)
     worker = "/job:worker/task:1/device:CPU:0"
     assert local and all(d == worker for d in local.values()), local
     assert not set(local) & global_names  # never checkpointed
+    assert [r.enqueue_ops for r in runners] == [[strategy.transfer_op]]
+    assert runners[0].queue.queue_ref.device == worker
     casts = [op for op in g.get_operations() if op.type == "Cast"]
     to_wire = [op for op in casts if op.get_attr("DstT") == tf.bfloat16]
     assert any(op.device.startswith("/job:ps/") for op in to_wire)  # pulled values leave the PS as bfloat16
@@ -87,12 +123,3 @@ def test_transfer_dtype_needs_overlap():
         AsyncParameterServer(Cluster.local(), transfer_dtype="bfloat16")
     with pytest.raises(ConfigError, match="expected None, 'float16' or 'bfloat16'"):
         AsyncParameterServer(Cluster.local(), overlap=True, transfer_dtype="int8")
-
-
-def test_simulation_is_the_schedule_we_claim():
-    # step 1 pushes nothing; steps 2, 3, 4 push g1 = -1, g2 = -1, g3 = -0.5; the flush pushes g4 = 0.
-    assert simulate(4) == pytest.approx(1.25)
-    assert np.isclose(simulate(4, flush=False), 1.25)
-    assert simulate(5) == pytest.approx(
-        1.125
-    )  # step 5 computes g5 = 0.25 from w = 1.25; the flush applies it
