@@ -59,6 +59,8 @@ def build(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> Built:
                 return loss
 
             train_op = strategy.minimize(config.optimizer(), loss_fn, global_step, config.check_numerics)
+        if strategy.global_step_read is not None:
+            global_step = strategy.global_step_read
     return Built(graph, train_op, strategy.loss, global_step, strategy)
 
 
@@ -217,7 +219,9 @@ def train(
             decay_threshold=config.decay_threshold,
             decay_window=config.decay_window,
         )
-        hooks = [v1.train.StopAtStepHook(last_step=config.train_steps), hook, *strategy.hooks()]
+        # The strategy's hooks first: their end() (an async drain of queued gradients) runs
+        # before the throughput hook reads the final global step.
+        hooks = [*strategy.hooks(), v1.train.StopAtStepHook(last_step=config.train_steps), hook]
         saver = v1.train.Saver(max_to_keep=config.keep_checkpoints, sharded=True)
         scaffold = strategy.scaffold(saver)
         if on_built is not None:

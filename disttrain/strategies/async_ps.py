@@ -13,6 +13,9 @@ from disttrain.strategies.base import Strategy
 v1 = tf.compat.v1
 
 _TRANSFER_DTYPES = {None: None, "float16": tf.float16, "bfloat16": tf.bfloat16}
+# Where tf.compat.v1.train's hooks look up the tensor they fetch as the global step
+# (training_util.GLOBAL_STEP_READ_KEY); filled on first use with a read of the variable.
+_GLOBAL_STEP_READ = "global_step_read_op_cache"
 
 
 class AsyncParameterServer(Strategy):
@@ -25,13 +28,14 @@ class AsyncParameterServer(Strategy):
     overlap: take the network out of the step. The model reads worker-side
       copies of the variables, and a step ends once its gradients are queued
       on the worker. A transfer loop (a queue runner: its own thread and
-      session.run, started and stopped with the session) takes each queued
-      gradient, applies it on the PS and pulls fresh values into the copies,
-      while the next steps compute. The queue holds one gradient, so a step
-      waits only if the transfer loop is more than a step behind: gradients
-      are at most two updates of this worker stale (plus whatever other
-      workers pushed), none is dropped, and the last ones are pushed before
-      the session closes.
+      session.run, started, stopped and error-checked with the session) takes
+      each queued gradient, applies it on the PS and pulls each variable into
+      its copy as soon as that variable is updated, while the next steps
+      compute. The queue holds one gradient, so a step waits only if the loop
+      is more than a step behind: gradients are at most two updates of this
+      worker stale (plus whatever other workers pushed), none is dropped, and
+      the last ones are applied before the session closes. Hooks read a
+      worker-side mirror of the global step, so a step never touches a PS.
     transfer_dtype: 'bfloat16' or 'float16' halves the bytes (and the CPU that
       gRPC spends on them) of both the push and the pull; variables, optimizer
       state and the update stay float32 on the PS. Needs overlap.
@@ -97,20 +101,35 @@ class AsyncParameterServer(Strategy):
         for grad, (_, var) in zip(received, grads_and_vars, strict=True):
             with tf.device(var.device):
                 to_push.append((tf.cast(grad, var.dtype.base_dtype), var))
+        graph = v1.get_default_graph()
+        before = len(graph.get_operations())
         push = optimizer.apply_gradients(to_push, global_step=global_step)
+        updates = _updates_by_variable(graph.get_operations()[before:])
         pulls = []
-        with tf.device(worker), tf.name_scope("pull"), tf.control_dependencies([push]):
+        with tf.device(worker), tf.name_scope("pull"):
             for copy, var in self._copies:
-                fresh = self._on_ps(var, var.read_value())
+                # Each variable is pulled as soon as its own update is done, while the rest are
+                # still arriving or being applied: the two directions of the link overlap.
+                with tf.control_dependencies(updates.get(var.handle.name) or [push]):
+                    fresh = self._on_ps(var, var.read_value())
                 pulls.append(copy.assign(tf.cast(fresh, copy.dtype), read_value=False))
+            # Hooks fetch this mirror as the global step: a step must not read the variable on
+            # its PS, where that small read waits behind the pull in flight (one TCP stream).
+            mirror = _local_variable(global_step.read_value, "global_step")
+            with tf.control_dependencies([push]):
+                pulls.append(mirror.assign(global_step.read_value(), read_value=False))
             with tf.control_dependencies(pulls):
                 self.transfer_op = applied.assign_add(1, read_value=False)
+        self.global_step_read = mirror.read_value()
+        graph.clear_collection(_GLOBAL_STEP_READ)
+        graph.add_to_collection(_GLOBAL_STEP_READ, self.global_step_read)
         v1.train.add_queue_runner(
             v1.train.QueueRunner(
                 queue,
                 [self.transfer_op],
                 close_op=queue.close(),
                 cancel_op=queue.close(cancel_pending_enqueues=True),
+                queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
             )
         )
         self._counts = (queued, applied)
@@ -118,6 +137,16 @@ class AsyncParameterServer(Strategy):
 
     def hooks(self) -> list:
         return [_DrainHook(*self._counts)] if self._counts is not None else []
+
+
+def _updates_by_variable(ops) -> dict[str, list[tf.Operation]]:
+    """The ops among `ops` that write a resource variable, by the variable's handle tensor name."""
+    writes = ("ResourceApply", "ResourceSparseApply", "AssignVariableOp", "AssignSubVariableOp")
+    updates: dict[str, list[tf.Operation]] = {}
+    for op in ops:
+        if op.type.startswith(writes):
+            updates.setdefault(op.inputs[0].name, []).append(op)
+    return updates
 
 
 def _local_variable(initial_value, name: str) -> tf.Variable:

@@ -71,6 +71,9 @@ class Strategy(abc.ABC):
         self.plan: placement.Plan | None = None
         self.setter: placement.DeviceSetter | None = None
         self.loss: tf.Tensor | None = None  # mean loss over towers, set by minimize()
+        # What a step fetches as the global step, where reading the variable itself would cost
+        # the step a round trip to its PS (set by apply_gradients; None: read the variable).
+        self.global_step_read: tf.Tensor | None = None
 
     # ---- devices ----------------------------------------------------
 
