@@ -176,6 +176,15 @@ def test_all_reduce_bad_settings_are_clear_errors():
         SyncAllReduce(chief_cluster(), bucket_bytes=0)
     with pytest.raises(ConfigError, match="communication_hint='mpi'"):
         SyncAllReduce(chief_cluster(), communication_hint="mpi")
+    with pytest.raises(ConfigError, match="max_subdivs must be >= 1"):
+        SyncAllReduce(chief_cluster(), max_subdivs=0)
+
+
+def test_all_reduce_passes_the_subdivision_cap_to_every_collective():
+    for cap, expected in ((None, -1), (8, 8)):
+        graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256, max_subdivs=cap))
+        reduces = ops_of(graph, "CollectiveReduceV2")
+        assert len(reduces) > 1 and {op.get_attr("max_subdivs_per_device") for op in reduces} == {expected}
 
 
 def test_all_reduce_towers_on_virtual_cpus_reduce_once_per_bucket():
