@@ -350,13 +350,7 @@ class Benchmark:
         specs = self._specs_cache = self._specs()
         base = c.load_config(self._bindings())
         every_n, batch = base.log_every_steps, base.batch_size
-        self._model = {
-            "every_n": every_n,
-            "batch": batch,
-            "bytes": model_bytes(base),
-            "intra": base.intra_op_threads,
-            "inter": base.inter_op_threads,
-        }
+        self._model = {"every_n": every_n, "batch": batch, "bytes": model_bytes(base)}
         report = {
             "config": {
                 "gin_files": list(c.gin_files),
