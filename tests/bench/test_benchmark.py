@@ -36,6 +36,16 @@ RUN_KEYS = {
     "ps_load_max_over_mean",
     "scaling_efficiency",
 }
+# The tiny MLP, disttrain only, 1 worker + 1 PS, each on its own emulated host at 100 Mbit/s.
+TINY_EMULATED = [
+    "--gin_file=gin/bench/mlp.gin",
+    f"--gin_file={TINY}",
+    "--workers=1",
+    "--ps=1",
+    "--systems=disttrain",
+    "--network=emulated",
+    "--link_mbit=100",
+]
 
 
 def benchmark(args, tmp_path, timeout=240) -> tuple[subprocess.CompletedProcess, dict | None, int]:
@@ -105,13 +115,7 @@ def test_emulated_link_bytes_and_cleanup(tmp_path):
     if reason is not None:
         pytest.skip(reason)
     args = [
-        "--gin_file=gin/bench/mlp.gin",
-        f"--gin_file={TINY}",
-        "--workers=1",
-        "--ps=1",
-        "--systems=disttrain",
-        "--network=emulated",
-        "--link_mbit=100",
+        *TINY_EMULATED,
         "--warmup_steps=10",
         # The window's step count can be off by about one step at each end (the chief's logged
         # global step is read during its step): 40 steps keep that error near 5%, inside 0.9.
@@ -145,13 +149,7 @@ def test_ctrl_c_leaves_no_namespaces_or_tasks(tmp_path):
     argv = [
         sys.executable,
         BENCHMARK,
-        "--gin_file=gin/bench/mlp.gin",
-        f"--gin_file={TINY}",
-        "--workers=1",
-        "--ps=1",
-        "--systems=disttrain",
-        "--network=emulated",
-        "--link_mbit=100",
+        *TINY_EMULATED,
         "--reference=false",
         "--measure_steps=1000000",  # never finishes by itself
         f"--logdir={logdir}",

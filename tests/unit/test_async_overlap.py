@@ -91,9 +91,8 @@ def test_pipelined_training_applies_every_gradient_before_the_session_closes():
     assert value == pytest.approx(1.0, abs=0.05)  # converges despite stale gradients
 
 
-def test_copies_live_on_the_worker_and_casts_on_the_ps():
-    cluster = Cluster.from_hosts("worker", 1, ["p0:1", "p1:1"], ["w0:1", "w1:1"])
-    strategy = AsyncParameterServer(cluster, overlap=True, transfer_dtype="bfloat16")
+def two_ps_model(strategy):
+    """Build a [64, 32] matmul trained with Adam, its weight split over 2 PS; return (graph, train_op)."""
     with tf.Graph().as_default() as g:
         strategy.plan_placement(lambda: v1.get_variable("w", [64, 32]))
         with strategy.scope():
@@ -102,7 +101,15 @@ def test_copies_live_on_the_worker_and_casts_on_the_ps():
             def loss_fn():
                 return tf.reduce_sum(tf.matmul(x, v1.get_variable("w", [64, 32])))
 
-            strategy.minimize(v1.train.AdamOptimizer(0.1), loss_fn)
+            train_op = strategy.minimize(v1.train.AdamOptimizer(0.1), loss_fn)
+    return g, train_op
+
+
+def test_copies_live_on_the_worker_and_casts_on_the_ps():
+    cluster = Cluster.from_hosts("worker", 1, ["p0:1", "p1:1"], ["w0:1", "w1:1"])
+    strategy = AsyncParameterServer(cluster, overlap=True, transfer_dtype="bfloat16")
+    g, _ = two_ps_model(strategy)
+    with g.as_default():
         local = {v.op.name: v.op.device for v in v1.local_variables()}
         global_names = {v.op.name for v in v1.global_variables()}
         runners = v1.get_collection(v1.GraphKeys.QUEUE_RUNNERS)
@@ -136,15 +143,8 @@ def test_a_step_touches_no_ps_not_even_for_the_global_step():
     """All a step runs, and all TF's hooks fetch as the global step, lives on the worker."""
     cluster = Cluster.from_hosts("worker", 0, ["p0:1", "p1:1"], ["w0:1", "w1:1"])
     strategy = AsyncParameterServer(cluster, overlap=True)
-    with tf.Graph().as_default() as g:
-        strategy.plan_placement(lambda: v1.get_variable("w", [64, 32]))
-        with strategy.scope():
-            x = tf.ones([4, 64])
-
-            def loss_fn():
-                return tf.reduce_sum(tf.matmul(x, v1.get_variable("w", [64, 32])))
-
-            train_op = strategy.minimize(v1.train.AdamOptimizer(0.1), loss_fn)
+    g, train_op = two_ps_model(strategy)
+    with g.as_default():
         hooks_read = training_util._get_or_create_global_step_read()
         fetched = [train_op, strategy.loss, strategy.global_step_read, hooks_read]
         names = [t.op.name if hasattr(t, "op") else t.name for t in fetched]
