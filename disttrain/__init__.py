@@ -9,9 +9,17 @@ The public API:
 - `DisttrainError`: what ends a task, with its exit code.
 """
 
-import tensorflow as _tf
+import os as _os
 
-# Graph mode for the whole process, before any op exists (see FACTS.md).
+# TensorFlow's C++ start-up lines (oneDNN, CPU features, absl's "before
+# InitializeLog") are noise to a user; DISTTRAIN_TF_LOGS=1 keeps them, and an
+# explicit TF_CPP_MIN_LOG_LEVEL wins. Only effective before TensorFlow is imported.
+if _os.environ.get("DISTTRAIN_TF_LOGS", "0") in ("", "0"):
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as _tf  # noqa: E402
+
+# Graph mode for the whole process, before any op exists.
 _tf.compat.v1.disable_eager_execution()
 
 from disttrain.cluster import Cluster  # noqa: E402

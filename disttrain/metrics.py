@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import string
 import time
 from collections.abc import Callable, Sequence
 
@@ -187,9 +189,9 @@ class ThroughputHook(v1.train.SessionRunHook):
             cluster_writer.add_summary(
                 scalar_summary({"examples/sec": cluster, "global_step/sec": gsps, "loss": loss}), step
             )
-        msg = f"{r.task} step {step}  loss {loss:.4f}  examples/sec {local:.1f} (this task)"
+        msg = THROUGHPUT_LINE.format(task=r.task, step=step, loss=loss, local=local)
         if cluster_writer:
-            msg += f"  {cluster:.1f} (cluster)  global_step/sec {gsps:.2f}"
+            msg += CLUSTER_SUFFIX.format(cluster=cluster, gsps=gsps)
         self._log(msg)
         self._watch_decay(run_context.session.graph, step, task_writer)
         self._mark, self._mark_step, self._mark_global = now, r.local_steps, step
@@ -240,6 +242,43 @@ class ThroughputHook(v1.train.SessionRunHook):
         for writer in self._writers:
             if writer:
                 writer.flush()
+
+
+# The console line of ThroughputHook, defined once: formatted by the hook, read back by
+# `parse_throughput` (the benchmark measures runs from the tasks' logs).
+THROUGHPUT_LINE = "{task} step {step}  loss {loss:.4f}  examples/sec {local:.1f} (this task)"
+CLUSTER_SUFFIX = "  {cluster:.1f} (cluster)  global_step/sec {gsps:.2f}"
+
+
+def _pattern(template: str) -> str:
+    """A regex for lines formatted from `template`: each field a token, runs of spaces any spaces."""
+    out = []
+    for literal, field, _spec, _conv in string.Formatter().parse(template):
+        out.append(r"\s+".join(re.escape(w) for w in literal.split(" ")).replace(r"\s+\s+", r"\s+"))
+        if field:
+            out.append(rf"(?P<{field}>\S+)")
+    return "".join(out)
+
+
+_THROUGHPUT = re.compile(f"^{_pattern(THROUGHPUT_LINE)}(?:{_pattern(CLUSTER_SUFFIX)})?$")
+
+
+def parse_throughput(message: str) -> dict | None:
+    """The numbers of a THROUGHPUT_LINE message (with the chief's suffix or not), or None."""
+    m = _THROUGHPUT.match(message.strip())
+    if not m:
+        return None
+    try:
+        return {
+            "task": m["task"],
+            "global_step": int(m["step"]),
+            "local_examples_per_sec": float(m["local"]),
+            "loss": float(m["loss"]),
+            "cluster_examples_per_sec": float(m["cluster"]) if m["cluster"] else None,
+            "global_steps_per_sec": float(m["gsps"]) if m["gsps"] else None,
+        }
+    except ValueError:
+        return None
 
 
 def task_logdir(logdir: str, job: str, index: int) -> str:

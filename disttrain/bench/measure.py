@@ -1,8 +1,9 @@
 """From the tasks' log lines to steady-state rates and a measured window: pure functions.
 
-Every replica logs a line each `every_n` of its own steps (metrics.ThroughputHook):
+Every replica logs a line each `every_n` of its own steps
+(`metrics.THROUGHPUT_LINE`, written by metrics.ThroughputHook):
 
-    /job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)
+    12:00:01 INFO /job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)
 
 and the chief adds `  1604.2 (cluster)  global_step/sec 12.53`. The rates in a
 line are timed inside the task (perf_counter over exactly `every_n` local
@@ -28,21 +29,16 @@ Method:
 5. The run is complete once every replica has `measure` measured intervals.
 
 The loss is kept too: a run whose loss rises tenfold has diverged, and a
-diverged model can step faster (measured: async CIFAR-10 at batch 128 with
-2 workers diverged and then stepped 30% faster on a dead network), so the
+diverged model can step faster (dead units make cheaper kernels), so the
 benchmark flags it rather than report its speed as the model's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 
-LINE = re.compile(
-    r"^(?P<task>\S+) step (?P<step>\d+)\s+loss (?P<loss>\S+)\s+examples/sec (?P<local>[\d.]+) \(this task\)"
-    r"(?:\s+(?P<cluster>[\d.]+) \(cluster\)\s+global_step/sec (?P<gsps>[\d.]+))?"
-)
+from disttrain import logs, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +56,9 @@ class Sample:
 
 
 def parse_line(line: str) -> dict | None:
-    """The numbers in a throughput line, or None for any other line."""
-    m = LINE.match(line.strip())
-    if not m:
-        return None
-    return {
-        "task": m["task"],
-        "global_step": int(m["step"]),
-        "local_examples_per_sec": float(m["local"]),
-        "loss": float(m["loss"]),
-        "cluster_examples_per_sec": float(m["cluster"]) if m["cluster"] else None,
-        "global_steps_per_sec": float(m["gsps"]) if m["gsps"] else None,
-    }
+    """The numbers in a task's console throughput line (`disttrain.logs` format), or None."""
+    message = logs.message_of(line)
+    return None if message is None else metrics.parse_throughput(message)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,6 @@ from disttrain.bench import measure as measure_lib
 
 MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
 _POLL_SECS = 0.05
-_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
 
 
 class RunFailed(Exception):
@@ -67,10 +66,10 @@ def other_cores(m: measure_lib.Measurement) -> float | None:
 
 
 def log_tail(path: str, lines: int = 6) -> str:
-    """The last lines of a task's log, without TensorFlow's start-up noise."""
+    """The last non-empty lines of a task's log."""
     try:
         with open(path, errors="replace") as f:
-            kept = [x.rstrip() for x in f if x.strip() and not x.startswith(_NOISE)]
+            kept = [x.rstrip() for x in f if x.strip()]
     except OSError:
         return ""
     return "\n".join(kept[-lines:])

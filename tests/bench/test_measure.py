@@ -1,12 +1,21 @@
 """Steady-state rates and windows from log lines (pure, no processes)."""
 
+import logging
+
 import pytest
 
+from disttrain import logs
 from disttrain.bench.measure import Sample, measure, parse_line
 
 
+def console(message: str, level: int = logging.INFO) -> str:
+    """`message` as a task's console shows it (disttrain.logs' format)."""
+    record = logging.LogRecord("disttrain", level, __file__, 1, message, None, None)
+    return logging.Formatter(logs.FORMAT, logs.DATE_FORMAT).format(record)
+
+
 def test_parse_worker_and_chief_lines():
-    w = parse_line("/job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)")
+    w = parse_line(console("/job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)"))
     assert w == {
         "task": "/job:worker/task:1",
         "global_step": 840,
@@ -16,12 +25,31 @@ def test_parse_worker_and_chief_lines():
         "global_steps_per_sec": None,
     }
     c = parse_line(
-        "/job:worker/task:0 step 850  loss 2.3  examples/sec 400.0 (this task)  1604.2 (cluster)  "
-        "global_step/sec 12.53"
+        console(
+            "/job:worker/task:0 step 850  loss 2.3  examples/sec 400.0 (this task)  1604.2 (cluster)  "
+            "global_step/sec 12.53"
+        )
     )
     assert (c["cluster_examples_per_sec"], c["global_steps_per_sec"]) == (1604.2, 12.53)
-    assert parse_line("/job:worker/task:0 finished: 2 local steps to global step 32") is None
-    assert parse_line("placement (variables per PS): 1 PS") is None
+    assert parse_line(console("/job:worker/task:0 finished: 2 local steps to global step 32")) is None
+    assert parse_line(console("placement (variables per PS): 1 PS")) is None
+    # Only disttrain's own console lines count, not the same text printed by something else.
+    assert parse_line("/job:worker/task:1 step 840  loss 0.1234  examples/sec 402.1 (this task)") is None
+
+
+def test_throughput_line_round_trips_through_its_one_definition():
+    from disttrain import metrics
+
+    line = metrics.THROUGHPUT_LINE.format(task="/job:chief/task:0", step=7, loss=1.5, local=33.25)
+    line += metrics.CLUSTER_SUFFIX.format(cluster=99.5, gsps=3.0)
+    assert parse_line(console(line)) == {
+        "task": "/job:chief/task:0",
+        "global_step": 7,
+        "local_examples_per_sec": 33.2,
+        "loss": 1.5,
+        "cluster_examples_per_sec": 99.5,
+        "global_steps_per_sec": 3.0,
+    }
 
 
 def _samples(t0, period, n, step0, dstep, eps, chief=False, bytes_per_step=None, losses=None):
