@@ -1,5 +1,7 @@
 """disttrain: data-parallel distributed training on TensorFlow (graph mode)."""
 
+import os
+
 from setuptools import find_packages, setup
 
 # TensorFlow is an extra, not a hard requirement: `tensorflow-cpu` and
@@ -8,11 +10,23 @@ from setuptools import find_packages, setup
 # [gpu] (`tensorflow[and-cuda]`, CUDA libraries from PyPI). See BUILD_NOTES.md.
 TF = "2.21.0"
 
+# The shipped .gin files travel inside the package as `disttrain/gin/...`, so an
+# installed disttrain finds `mlp_async.gin` (and the `gin/...` includes) without
+# a checkout. gin/ itself has no __init__.py: `import gin` must stay gin-config.
+GIN_PACKAGES = {
+    "disttrain." + root.replace(os.sep, "."): root
+    for root, _, files in os.walk("gin")
+    if any(f.endswith(".gin") for f in files)
+}
+
 setup(
     name="disttrain",
     version="0.1.0",
     description="Data-parallel distributed training on TensorFlow that scales",
-    packages=find_packages(include=["disttrain", "disttrain.*", "model_zoo", "model_zoo.*"]),
+    packages=find_packages(include=["disttrain", "disttrain.*", "model_zoo", "model_zoo.*"])
+    + sorted(GIN_PACKAGES),
+    package_dir=GIN_PACKAGES,
+    package_data={name: ["*.gin"] for name in GIN_PACKAGES},
     python_requires=">=3.10,<3.14",
     install_requires=[
         "absl-py>=2.1,<3",
@@ -23,7 +37,17 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF}"],
         "gpu": [f"tensorflow[and-cuda]=={TF}"],
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "ruff>=0.6", "psutil>=5.9,<8", "pyyaml>=6,<7"],
+        # The benchmark's plot; without it the benchmark writes its JSON and table and says so.
         "bench": ["matplotlib>=3.8,<4"],
+        # The test tools; the suite also checks the benchmark's plot, so the README's
+        # test command installs .[cpu,bench,test].
+        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "ruff>=0.6", "psutil>=5.9,<8", "pyyaml>=6,<7"],
+    },
+    entry_points={
+        "console_scripts": [
+            "disttrain-train=disttrain.scripts.train:run",
+            "disttrain-launch-local=disttrain.scripts.launch_local:run",
+            "disttrain-benchmark=disttrain.scripts.benchmark:run",
+        ]
     },
 )

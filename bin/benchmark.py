@@ -1,111 +1,15 @@
 #!/usr/bin/env python
-"""Scaling benchmark: disttrain and TF's default layout side by side, against the physical bound.
+"""Scaling benchmark against TF's default layout and the bound; the console script disttrain-benchmark.
 
-    python bin/benchmark.py --gin_file=gin/bench/mlp.gin --workers=1,2 --ps=1 --out=/tmp/bench.json
-    python bin/benchmark.py --gin_file=gin/bench/cifar10_b32.gin --workers=1 --ps=1 \\
-        --network=emulated --link_mbit=1000 --out=/tmp/cifar.json          # as root
-
-Runs every system x PS count x worker count as a real cluster (local
-processes, or emulated hosts with shaped links), plus the same model and batch
-in one process alone. Prints progress, a table and a summary; writes the JSON
-report (--out) and a plot next to it. Exits non-zero if any run failed.
+From a checkout: `python bin/benchmark.py --help`. Flags and behaviour: disttrain/scripts/benchmark.py.
 """
 
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's disttrain
 
-from absl import app, flags  # noqa: E402
-
-flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order (e.g. gin/bench/mlp.gin).")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings, applied to every run.")
-flags.DEFINE_list("workers", ["1", "2"], "Worker counts to run.")
-flags.DEFINE_list("ps", ["1"], "PS counts to run (ignored by all-reduce).")
-flags.DEFINE_list("systems", ["disttrain", "tf_default"], "disttrain (the config's strategy), tf_default.")
-flags.DEFINE_enum(
-    "strategy", None, ["async_ps", "sync_ps", "allreduce"], "disttrain's strategy (default: the config's)."
-)
-flags.DEFINE_enum("network", "localhost", ["localhost", "emulated"], "Loopback, or emulated hosts (root).")
-flags.DEFINE_float("link_mbit", None, "Emulated link rate per direction, Mbit/s.")
-flags.DEFINE_float("link_latency_ms", 0.0, "Emulated one-way latency per host link (needs sch_netem).")
-flags.DEFINE_enum(
-    "ps_placement", "dedicated", ["dedicated", "colocated"], "PS on own hosts, or PS i on worker i's host."
-)
-flags.DEFINE_integer("warmup_steps", 20, "Steps per replica dropped as warm-up.")
-flags.DEFINE_integer("measure_steps", 50, "Steps per replica measured, at least.")
-flags.DEFINE_boolean("reference", True, "Also run one process alone (needed for scaling and the bound).")
-flags.DEFINE_integer("repeats", 1, "Run everything this many times, interleaved; keep each run's quietest.")
-flags.DEFINE_float("quiet_cores", None, "Before each run, wait until other processes use fewer cores.")
-flags.DEFINE_float("quiet_timeout", 600, "Seconds to wait for --quiet_cores at most, then go ahead.")
-flags.DEFINE_float("run_timeout", 900, "Seconds before a run that has not finished measuring fails.")
-flags.DEFINE_string("logdir", "/tmp/disttrain_bench", "Where every run's task logs go.")
-flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    import gin
-
-    from disttrain import cli
-    from disttrain.bench import report as report_lib
-    from disttrain.bench import runner
-
-    if len(argv) > 1:
-        cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag")
-    if not FLAGS.gin_file:
-        cli.fail("no --gin_file given: pass one, e.g. --gin_file=gin/bench/mlp.gin")
-
-    def load_config(bindings):
-        gin.clear_config()
-        return cli.train_config(FLAGS.gin_file, list(bindings))
-
-    def ints(name, values):
-        try:
-            return tuple(int(v) for v in values)
-        except ValueError:
-            cli.fail(f"--{name}={','.join(values)}: expected integers, e.g. --{name}=1,2,4")
-
-    out = FLAGS.out
-    plot_path = os.path.splitext(out)[0] + ".png" if out else None
-    config = runner.BenchConfig(
-        gin_files=tuple(FLAGS.gin_file),
-        load_config=load_config,
-        gin_params=tuple(FLAGS.gin_param),
-        workers=ints("workers", FLAGS.workers),
-        ps=ints("ps", FLAGS.ps),
-        systems=tuple(FLAGS.systems),
-        strategy=FLAGS.strategy,
-        network=FLAGS.network,
-        link_mbit=FLAGS.link_mbit,
-        latency_ms=FLAGS.link_latency_ms,
-        ps_placement=FLAGS.ps_placement,
-        warmup_steps=FLAGS.warmup_steps,
-        measure_steps=FLAGS.measure_steps,
-        reference=FLAGS.reference,
-        repeats=FLAGS.repeats,
-        quiet_cores=FLAGS.quiet_cores,
-        quiet_timeout=FLAGS.quiet_timeout,
-        run_timeout=FLAGS.run_timeout,
-        logdir=FLAGS.logdir,
-    )
-    say = lambda line: print(line, flush=True)
-    save = (lambda r: report_lib.write_json(r, out)) if out else None
-    with cli.errors_to_exit():
-        report = runner.Benchmark(config, log=say, on_update=save).run()
-    say("")
-    say(report_lib.table(report))
-    say("")
-    say(report_lib.summary(report))
-    if out:
-        report_lib.write_json(report, out)
-        say(f"report: {out}")
-        problem = report_lib.plot(report, plot_path)
-        say(f"plot: {plot_path}" if problem is None else f"plot: {problem}")
-    failed = [r for r in report["runs"] if r.get("error")] or (report.get("reference") or {}).get("error")
-    return 1 if failed else 0
-
+from disttrain.scripts.benchmark import run  # noqa: E402
 
 if __name__ == "__main__":
-    app.run(main)
+    run()

@@ -9,6 +9,7 @@ library below never reads flags or gin.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -16,11 +17,10 @@ import gin
 import tensorflow as tf
 
 from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch
+from disttrain import configurables, launch, logs
 from disttrain.config import TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPERATIVE_CONFIG = "operative_config.gin"
 
 
@@ -55,17 +55,53 @@ def _gin_error(e: Exception) -> str:
     return f"{lines[0] if lines else type(e).__name__} {where}".strip()
 
 
+def shipped_gin_dir() -> str:
+    """The directory of the .gin files that ship with disttrain.
+
+    An installed package carries them as `disttrain/gin/`; a checkout has
+    them at the top level, `gin/`.
+    """
+    package = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(package, "gin")
+    return installed if os.path.isdir(installed) else os.path.join(os.path.dirname(package), "gin")
+
+
+_SEARCHED: list[str] = []
+
+
+def _gin_search_path() -> list[str]:
+    """Where gin files are looked for, after the current directory.
+
+    The shipped directory itself (`mlp_async.gin`) and its parent, because
+    includes and older commands spell shipped files `gin/models/mlp.gin`.
+    """
+    shipped = shipped_gin_dir()
+    return [shipped, os.path.dirname(shipped)]
+
+
 def train_config(gin_files, gin_params) -> TrainConfig:
     """Parse gin files and bindings (unknown names are errors) into a TrainConfig."""
     configurables.register_all()
-    gin.add_config_file_search_path(REPO)  # includes are written 'gin/...'
+    search = _gin_search_path()
+    for directory in search:
+        if directory not in _SEARCHED:  # gin would append a duplicate on every call
+            _SEARCHED.append(directory)
+            gin.add_config_file_search_path(directory)
     if not gin_files:
-        fail("no --gin_file given: pass one, e.g. --gin_file=gin/mlp_async.gin")
+        fail("no --gin_file given: pass one, e.g. --gin_file=mlp_async.gin")
     for path in gin_files:
-        if not (os.path.exists(path) or os.path.exists(os.path.join(REPO, path))):
-            fail(f"gin file {path!r} not found (paths are relative to the current directory or {REPO})")
+        if not any(os.path.isfile(os.path.join(d, path)) for d in ["", *search]):
+            fail(
+                f"gin file {path!r} not found: looked in the current directory and in "
+                f"{search[0]} (the shipped configs)"
+            )
     try:
-        gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=False)
+        # gin logs every place it looked for a file in vain at ERROR; a miss on the search path is normal.
+        logging.disable(logging.ERROR)
+        try:
+            gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=False)
+        finally:
+            logging.disable(logging.NOTSET)
         return configurables.train_config().validate()
     except DisttrainError as e:
         fail(str(e), e.exit_code)
@@ -88,20 +124,9 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
             f.write(gin.operative_config_str())
         os.replace(path + ".tmp", path)
 
-    _quiet_tf()
+    logger = logs.to_console()
     with errors_to_exit():
-        return launch.run(cluster, config, logdir, on_built=write_operative_config, log_fn=_log)
-
-
-def _quiet_tf() -> None:
-    tf.get_logger().setLevel("WARNING")
-
-
-def _log(message: str) -> None:
-    print(message, flush=True)
-
-
-_NOISE = ("WARNING: All log messages", "I0000 ", "W0000 ", "E0000 ", "INFO:tensorflow", "WARNING:tensorflow")
+        return launch.run(cluster, config, logdir, on_built=write_operative_config, log_fn=logger.info)
 
 
 def launch_local(
@@ -111,7 +136,7 @@ def launch_local(
     from disttrain import local
 
     if not gin_files:
-        fail("no --gin_file given: pass one, e.g. --gin_file=gin/mlp_async.gin")
+        fail("no --gin_file given: pass one, e.g. --gin_file=mlp_async.gin")
     if num_workers < (0 if chief else 1) or num_ps < 0:
         fail(
             f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}"
@@ -131,7 +156,7 @@ def launch_local(
 
     def echo():
         for line in follower.new_lines():
-            if line.strip() and not line.startswith(_NOISE):
+            if line.strip():
                 print(line, flush=True)
 
     print(f"starting {len(cluster.tasks)} tasks; logs in {logdir}/logs", flush=True)

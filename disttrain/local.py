@@ -1,4 +1,4 @@
-"""A whole cluster on this machine: one bin/train.py process per task, on free loopback ports.
+"""A whole cluster on this machine: one `disttrain-train` process per task, on free loopback ports.
 
 Used by bin/launch_local.py, the cluster tests and the benchmark. Every task
 logs to its own file; the first task to fail stops the rest; nothing outlives
@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 
 from disttrain.cluster import CHIEF, EVALUATOR, PS, WORKER, task_name
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN_PY = os.path.join(REPO, "bin", "train.py")
+# Every task runs this disttrain's training entry (the same one whether installed or a checkout).
+TRAIN_COMMAND = (sys.executable, "-m", "disttrain.scripts.train")
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,9 +39,19 @@ def die_with_parent() -> None:
         pass
 
 
+def task_env(env: dict) -> dict:
+    """`env` for a task process: it imports the disttrain this launcher runs, wherever it lives."""
+    path = env.get("PYTHONPATH")
+    return dict(env, PYTHONPATH=_IMPORT_ROOT + (os.pathsep + path if path else ""))
+
+
 def task_process_options(log_file) -> dict:
-    """Popen options for one task: output to its log, run from the repository, ended with the launcher."""
-    return dict(stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=die_with_parent)
+    """Popen options for one task: output to its log, ended with the launcher.
+
+    Tasks inherit the launcher's working directory, so relative gin paths
+    mean the same to both.
+    """
+    return dict(stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
 
 def gpu_count() -> int:
@@ -93,7 +104,7 @@ class Task:
 
 
 class LocalCluster:
-    """Start, watch and stop a cluster of bin/train.py processes.
+    """Start, watch and stop a cluster of `disttrain-train` processes.
 
     `popen(task, argv, env, log_file)` may be given to start tasks elsewhere
     (the benchmark runs each in its own network namespace); `addresses` then
@@ -147,7 +158,7 @@ class LocalCluster:
         return json.dumps({"cluster": self.cluster, "task": {"type": task.job, "index": task.index}})
 
     def argv(self, task: Task) -> list[str]:
-        argv = [sys.executable, TRAIN_PY, f"--logdir={self.logdir}"]
+        argv = [*TRAIN_COMMAND, f"--logdir={self.logdir}"]
         argv += [f"--gin_file={f}" for f in self.gin_files]
         argv += [f"--gin_param={p}" for p in self.gin_params]
         return argv
@@ -163,7 +174,7 @@ class LocalCluster:
         return self
 
     def _start_task(self, task: Task, mode: str) -> None:
-        env = dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1")
+        env = task_env(dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1"))
         devices = visible_devices(task.job, task.index, self.gpus, self.gpus_per_worker)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices

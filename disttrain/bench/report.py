@@ -142,7 +142,7 @@ def plot(report: dict, path: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install -e .[bench]); no plot written"
+        return "matplotlib is not installed, so no plot was written: pip install 'disttrain[bench]' adds it"
     cfg = report["config"]
     batch = cfg["batch_size"]
     ref = (report.get("reference") or {}).get("steps_per_sec")

@@ -3,7 +3,7 @@
     config = BenchConfig(gin_files=("gin/bench/mlp.gin",), load_config=..., workers=(1, 2))
     report = Benchmark(config, log=print).run()
 
-Each run is a real cluster of bin/train.py processes (disttrain.local), on
+Each run is a real cluster of `disttrain-train` processes (disttrain.local), on
 loopback or on emulated hosts with shaped links (bench.netem), stopped by the
 benchmark once every replica has run its warm-up and measured steps (see
 bench.measure for how rates and windows are taken, bench.watch for the polling). The reference is the same
@@ -23,7 +23,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -250,10 +249,10 @@ class Benchmark:
         logdir = self._fresh(os.path.join(self.config.logdir, name))
         log_path = os.path.join(logdir, "logs", "local.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        argv = [sys.executable, local.TRAIN_PY, f"--logdir={logdir}"]
+        argv = [*local.TRAIN_COMMAND, f"--logdir={logdir}"]
         argv += [f"--gin_file={f}" for f in self._gin_files()]
         argv += [f"--gin_param={p}" for p in self._bindings(STRATEGIES["async_ps"])]
-        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env = local.task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
         env["PYTHONUNBUFFERED"] = "1"
         self.log(f"{self._elapsed()} reference: one process, no cluster; log {log_path}")
         with open(log_path, "w") as log_file:
@@ -539,8 +538,8 @@ def _quietest(candidates: list[dict]) -> dict:
     """The repetition to report: the median of the quiet, sane ones, else the quietest.
 
     Sane: did not fail and did not diverge. Quiet: other processes used less than
-    QUIET_CORES. Repetitions on a quiet machine still differ by ~10-15% here, hence the
-    median (the lower one of an even count) rather than the first or the best.
+    QUIET_CORES. Repetitions differ even on a quiet machine, hence the median (the
+    lower one of an even count) rather than the first or the best.
     """
     ok = [x for x in candidates if "error" not in x and "skipped" not in x]
     if not ok:

@@ -15,7 +15,7 @@ import pytest
 
 from disttrain import configurables
 from disttrain.bench import netem
-from disttrain.local import REPO
+from tests import REPO
 
 BENCHMARK = os.path.join(REPO, "bin", "benchmark.py")
 TINY = "gin/testing/tiny.gin"

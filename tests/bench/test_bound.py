@@ -94,7 +94,7 @@ def test_compute_bound_cifar10_at_1_gbit():
     # CIFAR-10 CNN, S = 4.3 MB, 1 worker + 1 dedicated PS at 1000 Mbit/s (125e6 B/s):
     # worker and PS links carry 4.3 MB each way: 4.3e6 / 125e6 = 0.0344 s per step.
     # One process alone: 19.2 steps/s, C = 1/19.2 = 0.0521 s > 0.0344 s: compute-bound,
-    # the bound is 1 / C = 19.2 steps/s, and 11.2 measured (FACTS.md) is 11.2/19.2 = 0.583.
+    # the bound is 1 / C = 19.2 steps/s, and a run at 11.2 steps/s is 11.2/19.2 = 0.583 of it.
     r = b.bound(b.DEDICATED, 4.3 * MB, 1, 1, b.link_rate_bytes(1000), 1 / 19.2)
     assert r.comm_time == pytest.approx(0.0344)
     assert r.limited_by == "compute"

@@ -11,10 +11,11 @@ import time
 
 from tensorboard.backend.event_processing import event_accumulator
 
-from disttrain.local import REPO, LocalCluster
+from disttrain.local import LocalCluster
+from tests import REPO
 
 TINY = "gin/testing/tiny.gin"
-TRAIN_PY = os.path.join(REPO, "bin", "train.py")
+TRAIN_PY = os.path.join(REPO, "bin", "train.py")  # the checkout's script, as the README runs it
 
 
 def run_cluster(tmp_path, gin_files, timeout=240, **kwargs) -> tuple[LocalCluster, dict[str, int]]:

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain.bench.measure import parse_line
 from disttrain.errors import EXIT_CONFIG, EXIT_DIVERGED
 from disttrain.launch import read_results
-from disttrain.local import REPO, TRAIN_PY, LocalCluster, free_port
-from tests.cluster.helpers import TINY, describe_failure, scalars, train_py, wait_for_line
+from disttrain.local import LocalCluster, free_port
+from tests import REPO
+from tests.cluster.helpers import TINY, TRAIN_PY, describe_failure, scalars, train_py, wait_for_line
 
 pytestmark = [pytest.mark.cluster, pytest.mark.fault]
 
@@ -34,7 +36,7 @@ STEPS = [
 def logged_steps(path):
     """Global steps in a replica's progress lines, in order."""
     with open(path, errors="replace") as f:
-        return [int(m) for m in re.findall(r"^/job:\S+ step (\d+) ", f.read(), flags=re.M)]
+        return [parsed["global_step"] for parsed in map(parse_line, f) if parsed]
 
 
 def checkpoint_steps(logdir):
@@ -197,7 +199,7 @@ def test_mismatched_cluster_spec_is_detected_and_named(tmp_path):
     try:
         start(good, "ps", 0, "ps")
         start(good, "worker", 0, "w0")
-        wait_for_line(tmp_path / "w0.log", r"^/job:worker/task:0 step ", timeout=120)
+        wait_for_line(tmp_path / "w0.log", r" /job:worker/task:0 step ", timeout=120)
         odd = start(bad, "worker", 1, "w1")
         odd.wait(timeout=120)
         text = open(tmp_path / "w1.log").read()

@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from disttrain.local import REPO
+from tests import REPO
 from tests.cluster.helpers import TINY, wait_for_line
 
 pytestmark = pytest.mark.cluster
@@ -64,7 +64,7 @@ def test_ctrl_c_stops_every_task_and_leaves_no_orphans(tmp_path):
         env=env(),
     )
     try:
-        wait_for_line(tmp_path / "logs" / "worker_0.log", r"^/job:worker/task:0 step ", timeout=120)
+        wait_for_line(tmp_path / "logs" / "worker_0.log", r" /job:worker/task:0 step ", timeout=120)
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert len(children) >= 2
         launcher.send_signal(signal.SIGINT)

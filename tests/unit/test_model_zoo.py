@@ -21,7 +21,7 @@ def test_registry_duplicate_and_unknown_names():
     "name, params, bytes_", [("mlp", 18_882_816, 75_531_264), ("cifar10", 1_068_298, 4_273_192)]
 )
 def test_foundation_model_sizes(name, params, bytes_):
-    # mlp: 256-4096-4096-256 of the slow-cluster report; cifar10: TF's tutorial CNN (1.07M parameters).
+    # mlp: 256-4096-4096-256 (fc2 alone 64 MiB); cifar10: TF's tutorial CNN (1.07M parameters).
     specs = placement.collect_variables(model_zoo.get(name)().build_variables)
     assert sum(np.prod(s.shape) for s in specs) == params
     assert sum(s.nbytes for s in specs) == bytes_

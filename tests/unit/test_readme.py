@@ -6,7 +6,7 @@ import re
 import pytest
 import tensorflow as tf
 
-from disttrain.local import REPO
+from tests import REPO
 
 
 def python_blocks():
