@@ -22,6 +22,8 @@ class TrainConfig:
     input_fn: (model, batch_size, replica_index, num_replicas) -> tf.data.Dataset.
     batch_size: examples per tower (device) per step.
     train_steps: training stops when the global step reaches this.
+    log_every_steps: console line and TensorBoard scalars every N local steps
+      (the throughput hook writes both; there is no separate summary interval).
     """
 
     model: object = None
@@ -31,7 +33,6 @@ class TrainConfig:
     batch_size: int = 32
     train_steps: int = 1000
     log_every_steps: int = 100
-    summary_every_steps: int = 100
     save_checkpoint_steps: int | None = None
     save_checkpoint_secs: float | None = 600.0
     keep_checkpoints: int = 5
@@ -49,7 +50,7 @@ class TrainConfig:
         for name in ("model", "strategy", "optimizer", "input_fn"):
             if getattr(self, name) is None:
                 raise ConfigError(f"TrainConfig.{name} is not set: bind it in a gin file")
-        for name in ("batch_size", "train_steps", "log_every_steps", "summary_every_steps"):
+        for name in ("batch_size", "train_steps", "log_every_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:

@@ -3,7 +3,7 @@
 Pure functions on numbers (no TensorFlow), used by the benchmark to say how far
 a measured run is from what its hosts and links could do at best.
 
-Symbols (DESIGN.md, "Performance model"):
+Symbols:
 
     S  model bytes: the trainable variables, which every replica step reads
        whole and for which it produces a gradient of the same size
@@ -33,8 +33,8 @@ byte of variables pulled is matched by a byte of gradient pushed):
   variables on its own host, so its link carries S - S/P of its own pull and
   push. PS j serves the N - 1 other workers S/P each: (N-1)*S/P. A host with
   a PS thus carries S - S/P + (N-1)*S/P = S + (N-2)*S/P; a host without one
-  carries S. For P = N this is S + (N-2)*S/N = 2S(N-1)/N, DESIGN's figure,
-  and 0 for N = 1 (everything is local).
+  carries S. For P = N this is S + (N-2)*S/N = 2S(N-1)/N, as for ring
+  all-reduce, and 0 for N = 1 (everything is local).
 
 - ring all-reduce (no PS): reduce-scatter then all-gather, each of N-1 steps
   moving S/N per host per direction: 2S(N-1)/N each way, 0 for N = 1.

@@ -111,11 +111,10 @@ def tbf_params(link_mbit: float, latency_ms: float = 0.0) -> TbfParams:
 
     host_limit: the sender's own queue, its NIC. Local TCP is held back there by TCP
     Small Queues (up to a few 100 KiB per socket while a flow starts), not by drops,
-    as with a real NIC: with room for only ~80 KiB, tbf dropped hundreds of frames
-    per 5 MB flow and TCP retransmitted them for nothing. So at least 1 MiB (several
-    sockets), or 20 ms of traffic plus the round trip that latency_ms adds (netem
-    hides the queue from TCP Small Queues, so it must then hold the
-    bandwidth-delay product).
+    as with a real NIC: a queue smaller than that drops frames that TCP then
+    retransmits for nothing. So at least 1 MiB (several sockets), or 20 ms of
+    traffic plus the round trip that latency_ms adds (netem hides the queue from
+    TCP Small Queues, so it must then hold the bandwidth-delay product).
 
     port_limit: the switch port's buffer, where senders converging on one receiver
     meet; drops here are real congestion, as on a switch. 20 ms of traffic, so TCP
@@ -146,8 +145,9 @@ def _shape_cmds(dev: str, p: TbfParams, limit: int, latency_ms: float) -> list[s
     rates, 4x the link, never bind): IPv4 packets shorter than 128 bytes (pure TCP
     ACKs, SYNs, tiny RPCs) leave before bulk data, as with fq_codel's sparse-flow
     boost on real hosts. Without it the ACKs of a flow wait behind the opposite
-    flow's data in the same queue (~270 KiB, ~100 ms at 20 Mbit/s, held there by
-    TCP Small Queues) and a flow running against another one fell to 0.6x the rate.
+    flow's data in the same queue (the few 100 KiB TCP Small Queues lets a socket
+    keep there, ~100 ms at 20 Mbit/s), and a flow running against another one
+    loses much of its rate.
     """
     hi = 4 * p.rate_bit
     leaf = f"htb rate {hi}bit burst {p.burst} cburst {p.burst} quantum 60000"
