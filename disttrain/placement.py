@@ -150,6 +150,49 @@ def collect_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
     return variable_specs(graph)
 
 
+class NotReplayable(Exception):
+    """`build_fn` creates variables that a scratch graph cannot hold (Keras, tf.Variable)."""
+
+
+def collect_get_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
+    """Like `collect_variables`, for models whose variables all come from `get_variable`.
+
+    Only `get_variable` makes a variable per graph by name, so only such a
+    model can be built once more in a scratch graph without harm. Any other
+    variable (a Keras layer's, a `tf.Variable`) raises NotReplayable before it
+    is created, so a Keras layer is left unbuilt rather than built in the
+    scratch graph; so does anything else `build_fn` raises there (a model that
+    holds tensors of the real graph).
+    """
+    inside_get_variable = []
+
+    def marking_getter(getter, *args, **kwargs):
+        inside_get_variable.append(True)
+        try:
+            return getter(*args, **kwargs)
+        finally:
+            inside_get_variable.pop()
+
+    def creator(next_creator, **kwargs):
+        if not inside_get_variable:
+            raise NotReplayable(f"variable {kwargs.get('name')!r} is not made by get_variable")
+        return next_creator(**kwargs)
+
+    with tf.Graph().as_default() as graph:
+        try:
+            with (
+                v1.variable_scope(v1.get_variable_scope(), custom_getter=marking_getter),
+                v1.variable_creator_scope(creator),
+            ):
+                build_fn()
+        except NotReplayable:
+            raise
+        except Exception as e:  # noqa: BLE001  whatever breaks in the scratch graph
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise NotReplayable(f"{type(e).__name__}: {first}") from e
+    return variable_specs(graph)
+
+
 def _split(spec: VariableSpec, limit: float) -> tuple[int, int]:
     """(axis, parts) so that no part of `spec` is larger than `limit` bytes."""
     if not spec.shape or spec.nbytes <= limit:
@@ -211,14 +254,16 @@ def make_plan(specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float =
     return best
 
 
-def partitioning_getter(plan: Plan) -> Callable:
+def partitioning_getter(plan: Plan | Callable[[], Plan | None]) -> Callable:
     """A variable-scope custom getter that partitions the variables the plan splits.
 
-    A partitioner the caller gave explicitly wins.
+    `plan` may be a callable returning the current plan (or None), read at
+    each variable's creation. A partitioner the caller gave explicitly wins.
     """
+    current = plan if callable(plan) else (lambda: plan)
 
     def getter(getter, name, *args, **kwargs):
-        split = plan.parts.get(name)
+        split = current().parts.get(name) if current() is not None else None
         if split is not None and kwargs.get("partitioner") is None:
             axis, parts = split
 
@@ -286,6 +331,7 @@ class DeviceSetter:
         self.input_device = input_device
         self.plan = plan
         self.loads = [0] * len(variable_devices)  # bytes placed by this setter, per device
+        self.unplanned: list[tf.Operation] = []  # variables placed without a plan, greedily
 
     @contextlib.contextmanager
     def tower(self, device: str):
@@ -300,6 +346,7 @@ class DeviceSetter:
             task = self.plan.devices[op.name]
         else:
             task = min(range(len(self.loads)), key=lambda t: (self.loads[t], t))
+            self.unplanned.append(op)
         spec = _spec_from_op(op)
         self.loads[task] += spec.nbytes if spec else 0
         return self.variable_devices[task]
@@ -314,6 +361,55 @@ class DeviceSetter:
             return _merge(self._variable_device(op), op.device)
         default = self.input_device if is_input_op(op) else self.compute_device
         return _merge(default, op.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsplit:
+    """A variable placed whole that is larger than a PS's fair share."""
+
+    name: str
+    nbytes: int
+    task: int
+
+
+def place_whole(
+    variable_ops: Sequence[tf.Operation], num_ps: int, loads: Sequence[int] = ()
+) -> tuple[list[int], list[Unsplit]]:
+    """Move variables to PS tasks whole, largest first onto the least-loaded, after the graph is built.
+
+    For variables no plan knew before they were created (Keras layers,
+    `tf.Variable`, variables made outside the strategy's scope): they cannot
+    be split any more, but they can be balanced by bytes. Each variable op is
+    moved with every op colocated with it (its reads, updates, initializer and
+    optimizer slots). `loads` are the bytes already on each PS. Returns the
+    new loads and the variables larger than the mean load, which keep that
+    PS above it.
+    """
+    loads = list(loads) or [0] * num_ps
+    specs = {op: _spec_from_op(op) for op in variable_ops}
+    order = sorted(variable_ops, key=lambda op: (-(specs[op].nbytes if specs[op] else 0), op.name))
+    moved: dict[bytes, str] = {}
+    for op in order:
+        task = min(range(num_ps), key=lambda t: (loads[t], t))
+        loads[task] += specs[op].nbytes if specs[op] else 0
+        device = tf.DeviceSpec.from_string(op.device).replace(job="ps", task=task, replica=None).to_string()
+        moved[b"loc:@" + op.name.encode()] = device
+    graph = variable_ops[0].graph if variable_ops else None
+    for op in graph.get_operations() if graph else ():
+        # Colocated ops (slots, initializers, updates) and every op that takes the variable's
+        # handle (reads made under the variable's old device) go where the variable goes.
+        groups = [*op.colocation_groups(), *(b"loc:@" + t.op.name.encode() for t in op.inputs)]
+        device = next((moved[g] for g in groups if g in moved), None)
+        if device is not None:
+            own = tf.DeviceSpec.from_string(op.device).replace(job=None, task=None, replica=None).to_string()
+            op._set_device(_merge(device, own))  # noqa: SLF001  no public way to re-place a built op
+    mean = sum(loads) / num_ps if num_ps else 0
+    unsplit = [
+        Unsplit(op.name, specs[op].nbytes, int(tf.DeviceSpec.from_string(op.device).task))
+        for op in order
+        if specs[op] and specs[op].nbytes > mean
+    ]
+    return loads, unsplit
 
 
 def ps_loads(graph: tf.Graph, num_ps: int, include_slots: bool = True) -> list[int]:

@@ -3,14 +3,15 @@
 A strategy is built from a `Cluster` and used in a graph-mode model:
 
     strategy = disttrain.AsyncParameterServer(cluster)
-    strategy.plan_placement(lambda: model(tf.zeros([1, 784])))   # optional
     with strategy.scope():
         train_op = strategy.minimize(optimizer, loss_fn)
 
 `loss_fn` is a callable that builds one replica's loss (and its input), called
 once per tower (one per GPU, or per virtual CPU device); a plain loss tensor
-works too when there is one tower. Subclasses decide how gradients reach the
-variables (`apply_gradients`) and which hooks and server settings that needs.
+works too when there is one tower. Placement over the PS tasks is planned
+from `loss_fn` itself (see `minimize`). Subclasses decide how gradients reach
+the variables (`apply_gradients`) and which hooks and server settings that
+needs.
 """
 
 from __future__ import annotations
@@ -44,6 +45,49 @@ def _checked(grad, message: str):
     return values
 
 
+_ASSIGN_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+
+
+def _recording_state_updates(loss_fn: Callable, graph: tf.Graph) -> tuple[Callable, list]:
+    """`loss_fn`, and a list filled on its first call with the state updates it leaves unrun.
+
+    Those are variable assignments made in the call that the loss does not
+    depend on and that are not a variable's initializer: Keras 3 layers in a
+    v1 graph update their state (batch norm statistics, seed generators) that
+    way, and nothing would run them.
+    """
+    found: list[tf.Operation] = []
+    calls = []
+
+    def recording():
+        before = len(graph.get_operations())
+        loss = loss_fn()
+        if not calls:
+            initializers = {v.initializer for v in v1.global_variables() + v1.local_variables()}
+            needed = _ancestors(loss.op)
+            found.extend(
+                op
+                for op in graph.get_operations()[before:]
+                if op.type in _ASSIGN_OPS and op not in needed and op not in initializers
+            )
+        calls.append(True)
+        return loss
+
+    return recording, found
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    """Every op `op` depends on, through data and control inputs (itself included)."""
+    seen, todo = {op}, [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
 def visible_gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
@@ -69,6 +113,7 @@ class Strategy(abc.ABC):
         if self.uses_ps and not cluster.is_local and cluster.num_ps == 0:
             raise ConfigError(f"{type(self).__name__} needs at least one 'ps' task in the cluster")
         self.plan: placement.Plan | None = None
+        self.placed_whole: list[placement.Unsplit] = []  # variables too large to place whole fairly
         self.setter: placement.DeviceSetter | None = None
         self.loss: tf.Tensor | None = None  # mean loss over towers, set by minimize()
         # What a step fetches as the global step, where reading the variable itself would cost
@@ -102,10 +147,7 @@ class Strategy(abc.ABC):
         it with the same variable names the real model will use. Without a plan
         variables still go greedily by bytes, in creation order, unsplit.
         """
-        if not (self.uses_ps and self.cluster.num_ps):
-            return None
-        specs = placement.collect_variables(build_fn)
-        self.plan = placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance)
+        self.plan = self.plan_from(placement.collect_variables(build_fn))
         return self.plan
 
     @contextlib.contextmanager
@@ -115,7 +157,7 @@ class Strategy(abc.ABC):
         self.setter = placement.DeviceSetter(
             self.variable_devices, self.compute_devices[0], self.input_device, self.plan
         )
-        getter = placement.partitioning_getter(self.plan) if self.plan else None
+        getter = placement.partitioning_getter(lambda: self.plan)  # planned later by minimize() too
         with graph.device(self.setter), v1.variable_scope(v1.get_variable_scope(), custom_getter=getter):
             yield self
 
@@ -198,7 +240,20 @@ class Strategy(abc.ABC):
     def minimize(self, optimizer, loss, global_step=None, check_numerics: bool = False) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
-        Also runs the UPDATE_OPS (batch-norm statistics) of the first tower.
+        Placement: a PS strategy with no plan yet plans one from `loss` (a
+        loss function): a model whose variables all come from `get_variable`
+        is built once more in a scratch graph to read their shapes, so large
+        ones are split; any other variable (Keras layers, `tf.Variable`, or
+        variables made before `scope()`) is placed whole, largest first onto
+        the least-loaded PS, once the graph is built (`placed_whole` lists the
+        ones too large for a fair share).
+
+        Also runs the first tower's state updates with the step: the
+        UPDATE_OPS collection (batch norm written for v1 graphs) and the
+        variable assignments `loss` builds that nothing else runs (Keras 3
+        layers, such as BatchNormalization's moving statistics, assign in
+        their call and leave the op to whoever runs the graph).
+
         With `check_numerics`, a NaN or Inf in any gradient fails the step
         before anything is applied (each gradient is checked on its own, so
         pushing early gradients still overlaps the rest of backprop), and the
@@ -207,17 +262,50 @@ class Strategy(abc.ABC):
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
+        if self.plan is None and callable(loss) and self.uses_ps and self.cluster.num_ps:
+            try:
+                self.plan = self.plan_from(placement.collect_get_variables(loss))
+            except placement.NotReplayable:
+                pass  # placed whole after the build
+            if isinstance(self.setter, placement.DeviceSetter):
+                self.setter.plan = self.plan
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
+        graph = v1.get_default_graph()
+        loss, state_updates = _recording_state_updates(loss, graph) if callable(loss) else (loss, [])
         grads_and_vars = self.compute_gradients(optimizer, loss)
+        # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
+        # variable (accumulators, transfer casts) are made where the variable already is.
+        self._place_unplanned(exclude=global_step)
         if check_numerics:
             grads_and_vars = [
                 (_checked(g, f"{NON_FINITE} gradient of {v.op.name}"), v) for g, v in grads_and_vars
             ]
         prefix = "tower_0/" if self.num_towers > 1 else ""
         updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
-        with tf.control_dependencies(updates):
+        with tf.control_dependencies(updates + state_updates):
             return self.apply_gradients(optimizer, grads_and_vars, global_step)
+
+    def plan_from(self, specs) -> placement.Plan | None:
+        """The plan for these variable specs (None when there is nothing to balance)."""
+        if not (self.uses_ps and self.cluster.num_ps):
+            return None
+        return placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance)
+
+    def _place_unplanned(self, exclude) -> None:
+        """Balance the model variables no plan placed: whole, by bytes, onto the PS tasks."""
+        if not (self.uses_ps and self.cluster.num_ps and isinstance(self.setter, placement.DeviceSetter)):
+            return
+        outside = [
+            part.op
+            for var in v1.global_variables()
+            for part in placement.variable_parts(var)
+            if not tf.DeviceSpec.from_string(part.op.device).job  # made before scope(): no PS yet
+        ]
+        ops = [op for op in dict.fromkeys(self.setter.unplanned + outside) if op is not exclude.op]
+        loads = self.plan.loads if self.plan is not None else ()
+        if ops:
+            _, self.placed_whole = placement.place_whole(ops, self.cluster.num_ps, loads)
 
     @abc.abstractmethod
     def apply_gradients(self, optimizer, grads_and_vars, global_step) -> tf.Operation:
