@@ -166,10 +166,11 @@ class Strategy(abc.ABC):
     def _build_towers(self, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
         """Call loss_fn once per tower; return (losses, [(grad, var)] per tower).
 
-        Each trainable variable is read once per step onto this host, by
-        `read(variable) -> tensor` (default: a plain read), and the towers
-        share that copy, so a host pulls each variable once however many
-        devices it has. Gradients are taken with respect to the copies.
+        Each trainable `get_variable` variable is read once per step onto this
+        host, by `read(variable) -> tensor` (default: a plain read), and the
+        towers share that copy, so a host pulls each variable once however
+        many devices it has. Gradients are taken with respect to the copies.
+        Other variables (Keras layers) are read by each tower where they are.
         """
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         setter = self.setter
@@ -201,6 +202,10 @@ class Strategy(abc.ABC):
             ):
                 loss = loss_fn()
                 copies = [pair for _, pairs in cached.values() for pair in pairs]
+                # Variables get_variable did not make (Keras layers, tf.Variable) have no copy:
+                # the towers read them where they are, and their gradients are taken directly.
+                copied = {v.ref() for _, v in copies}
+                copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
                 grads = tf.gradients(loss, [c for c, _ in copies])
                 tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies, strict=True) if g is not None])
                 losses.append(loss)

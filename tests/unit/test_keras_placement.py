@@ -106,3 +106,18 @@ def test_keras_batch_norm_statistics_move_with_training():
                 session.run(train_op)
             value = session.run(moving_mean.value)
     assert np.abs(value).max() > 1e-3, value  # Keras 3 alone would leave it exactly 0 in a v1 graph
+
+
+def test_keras_variables_get_gradients_with_towers_and_with_overlap():
+    """Keras variables have no worker-side copy, but they must still train in both modes."""
+    for strategy in (
+        AsyncParameterServer(ps_cluster(2), overlap=True),
+        SyncParameterServer(ps_cluster(2), num_towers=2),
+    ):
+        model = keras_model()
+        with tf.Graph().as_default() as graph:
+            build_keras(strategy, model)
+        variables = variable_devices(graph)
+        for weight in model.trainable_weights:
+            # Adam makes its slots only for the variables it is given a gradient for.
+            assert f"{weight.value.op.name}/Adam" in variables, (type(strategy).__name__, weight.path)
