@@ -31,15 +31,23 @@ def fail(message: str, code: int = ConfigError.exit_code):
 
 
 @contextlib.contextmanager
-def errors_to_exit():
-    """Turn what ends a task into one clear line and the documented exit code."""
+def errors_to_exit(task_cluster: cluster_lib.Cluster | None = None):
+    """Turn what ends a task into one clear line and the documented exit code.
+
+    Given this task's cluster, the peers TF's error shows failing are probed
+    and named gone or restarted; the task never names itself.
+    """
     try:
         yield
     except DisttrainError as e:
         fail(str(e), e.exit_code)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-        first = str(e.message).strip().splitlines()[0] if e.message else type(e).__name__
-        fail(f"lost contact with a peer: {first}", EXIT_TRANSIENT)
+        texts = [str(e.message or type(e).__name__)]
+        if task_cluster is None:
+            lost = launch.lost_peers(None, texts, {})
+        else:
+            lost = launch.probe_lost(task_cluster, [], texts)
+        fail(f"lost contact: {lost}", EXIT_TRANSIENT)
     except KeyboardInterrupt:
         fail("interrupted", 130)
 
@@ -125,7 +133,7 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
         os.replace(path + ".tmp", path)
 
     logger = logs.to_console()
-    with errors_to_exit():
+    with errors_to_exit(cluster):
         return launch.run(cluster, config, logdir, on_built=write_operative_config, log_fn=logger.info)
 
 

@@ -8,14 +8,18 @@ so that the process exits 0 (TF's `server.join()` never returns).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import json
 import logging
 import os
+import re
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
@@ -92,21 +96,157 @@ def wait_for_peers(
     reported = set()
     while pending:
         name, address = pending[0]
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-                pending.pop(0)
-                continue
-        except OSError:
-            if report is not None and name not in reported:
-                reported.add(name)
-                report(f"waiting for {name} at {address}: not reachable")
+        if _accepts(address):
+            pending.pop(0)
+            continue
+        if report is not None and name not in reported:
+            reported.add(name)
+            report(f"waiting for {name} at {address}: not reachable")
         if time.monotonic() > deadline:
             raise TransientError(
                 f"{name} at {address} is unreachable after {timeout_secs:.0f} s: is it running, "
                 "and is the address right? (TrainConfig.peer_wait_secs sets the wait)"
             )
         time.sleep(poll_secs)
+
+
+def _accepts(address: str, timeout_secs: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_secs):
+            return True
+    except OSError:
+        return False
+
+
+def probe(targets: list[tuple[str, str]], timeout_secs: float = 1.0) -> dict[str, bool]:
+    """Whether each peer accepts a TCP connection now: one try each, all at once."""
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        up = pool.map(lambda t: _accepts(t[1], timeout_secs), targets)
+        return {name: ok for (name, _), ok in zip(targets, up, strict=True)}
+
+
+# ---- who was lost ------------------------------------------------------------
+
+# TF's gRPC errors name the task each failed call went to: "Additional GRPC error information from
+# remote target /job:ps/replica:0/task:1 while calling /tensorflow.WorkerService/RecvTensor:", then
+# that task's answer on the next line (after an escaped "\n" when nested in another task's answer).
+# A task whose answer names another remote target only passed that task's failure on.
+_REMOTE_TARGET = re.compile(
+    r"remote target (/job:\w+/replica:\d+/task:\d+) while calling [\w./]*:(?:\n|\\n)(.*)"
+)
+_FROM_LINE = re.compile(r"^(?:([A-Z_]+): )?From /job:\S+:$")
+_STATUS_LINE = re.compile(r"^([A-Z_]+): (.+)$")
+_FRAMING = ("Graph execution error:", "Detected at node ", "File ", "Node: ")
+
+
+def _short(task: str) -> str:
+    return re.sub(r"/replica:\d+", "", task)
+
+
+def _task_order(task: str) -> tuple[str, int]:
+    job, _, index = task.rpartition("/task:")
+    return (job, int(index)) if index.isdigit() else (task, -1)
+
+
+def _error_part(text: str) -> str:
+    """The error in a MonitoredSession log record ("... may be due to a preemption ... Error: <error>")."""
+    return text.split("Error:", 1)[1] if "may be due to a preemption" in text else text
+
+
+def failed_in_tf_text(texts: Iterable[str]) -> list[str]:
+    """Tasks TF's error texts show failing to answer, not those that only passed a failure on.
+
+    If every named task only relayed (TF's format changed?), every named task.
+    """
+    direct, named = set(), set()
+    for text in texts:
+        for m in _REMOTE_TARGET.finditer(_error_part(text)):
+            task, answer = _short(m.group(1)), m.group(2)
+            named.add(task)
+            if "remote target" not in answer:
+                direct.add(task)
+    return sorted(direct or named, key=_task_order)
+
+
+def first_error_line(texts: Iterable[str]) -> str:
+    """TF's first error line, e.g. "UNAVAILABLE: recvmsg:Connection reset by peer".
+
+    Skips TF's framing ("Graph execution error:", "=====", where the failed op was built)
+    and its "From <task>:" lines, which name the task that reported the error (often this
+    task), not the one that failed.
+    """
+    for text in texts:
+        status = ""
+        for line in _error_part(text).splitlines():
+            line = line.strip()
+            if not line or set(line) == {"="} or line.startswith(_FRAMING):
+                continue
+            framing = _FROM_LINE.match(line)
+            if framing:
+                status = framing.group(1) or status
+                continue
+            if status and not _STATUS_LINE.match(line):
+                line = f"{status}: {line}"
+            return line[:200]
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LostPeers:
+    """Who this task lost, as far as a probe and TF's error texts tell."""
+
+    gone: tuple[str, ...] = ()  # unreachable when probed
+    restarted: tuple[str, ...] = ()  # TF's errors name them, but they answer again
+    unprobed: tuple[str, ...] = ()  # TF's errors name them; not probed
+    error: str = ""  # TF's first error line
+
+    def __str__(self) -> str:
+        def tasks(names, one, many):
+            return f"{', '.join(names)} {one if len(names) == 1 else many}"
+
+        parts = []
+        if self.gone:
+            parts.append(tasks(self.gone, "is gone", "are gone"))
+        if self.restarted:
+            parts.append(tasks(self.restarted, "restarted", "restarted"))
+        if self.unprobed:
+            parts.append(tasks(self.unprobed, "is gone or restarted", "are gone or restarted"))
+        if not parts:
+            return f"a peer is gone or restarted (TF: {self.error or 'no error text'})"
+        return " and ".join(parts)
+
+
+def lost_peers(me: str | None, tf_texts: Iterable[str], reachable: Mapping[str, bool]) -> LostPeers:
+    """Name the peers this task lost: never itself; the probe decides, TF's texts add detail.
+
+    `tf_texts`: what TF raised or logged about the failure; `reachable`: a probe
+    of peers (task name -> accepts connections now). Probed peers that do not
+    answer are gone, whatever TF said. Tasks TF's texts show failing that answer
+    again were restarted (a restarted task keeps its address). TF's text often
+    names this task too (it relayed a peer's failure): it is never reported.
+    """
+    tf_texts = list(tf_texts)
+    me = _short(me) if me else None
+    reachable = {_short(task): up for task, up in reachable.items()}
+    gone = [task for task, up in reachable.items() if not up and task != me]
+    named = [task for task in failed_in_tf_text(tf_texts) if task != me and task not in gone]
+    return LostPeers(
+        gone=tuple(sorted(gone, key=_task_order)),
+        restarted=tuple(task for task in named if task in reachable),
+        unprobed=tuple(task for task in named if task not in reachable),
+        error=first_error_line(tf_texts),
+    )
+
+
+def probe_lost(cluster: Cluster, talks_to: list[tuple[str, str]], tf_texts: list[str]) -> LostPeers:
+    """Probe the peers this task talks to and the tasks TF's texts show failing; name the lost ones."""
+    everyone = dict(peers(cluster, []))
+    named = {task: everyone[task] for task in failed_in_tf_text(tf_texts) if task in everyone}
+    targets = list({**dict(talks_to), **named}.items())
+    return lost_peers(cluster.task_name, tf_texts, probe(targets))
 
 
 # ---- every task must see the same cluster ----------------------------------
@@ -173,21 +313,60 @@ def _done_queue(ps_index: int, num_replicas: int):
         )
 
 
-def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0) -> None:
-    """Tell every PS this replica has finished. A PS already gone is not an error."""
+def signal_done(
+    cluster: Cluster, target: str, timeout_secs: float = 10.0, log_fn: Callable[[str], None] = log.info
+) -> None:
+    """Tell every PS this replica has finished; return within about `timeout_secs` whatever happens.
+
+    A PS that has already exited is not an error (it ends `ps_linger_secs`
+    after the chief, whoever has reported), but it must not be contacted:
+    creating a session waits for ever for any task its device filters name
+    (TF's device lookup has no timeout, and RunOptions do not reach it). So
+    the PS tasks are probed first and the session names only those that
+    answer. One that exits between the probe and the session is given up
+    after `timeout_secs`; the thread left waiting for it is a daemon and does
+    not hold up the exit.
+    """
     if not cluster.num_ps:
         return
-    with tf.Graph().as_default() as graph:
-        ops = [
-            _done_queue(i, cluster.num_replicas).enqueue(cluster.replica_index) for i in range(cluster.num_ps)
-        ]
-        config = v1.ConfigProto(device_filters=["/job:ps", cluster.task_name])
-        with v1.Session(target, graph=graph, config=config) as session:
-            for i, op in enumerate(ops):
-                try:
-                    session.run(op, options=v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
-                except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError):
-                    log.warning("could not tell /job:ps/task:%d that %s is done", i, cluster.task_name)
+    targets = [(f"/job:ps/task:{i}", address) for i, address in enumerate(cluster.jobs[PS])]
+    up = probe(targets)
+    gone = [name for name, _ in targets if not up[name]]
+    if gone:
+        them = "it" if len(gone) == 1 else "them"
+        log_fn(
+            f"{cluster.task_name}: {', '.join(gone)} already gone; not telling {them} this replica is done"
+        )
+    live = {i: name for i, (name, _) in enumerate(targets) if up[name]}
+    if not live:
+        return
+    told: list[str] = []
+
+    def tell():
+        options = v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        with tf.Graph().as_default() as graph:
+            ops = {i: _done_queue(i, cluster.num_replicas).enqueue(cluster.replica_index) for i in live}
+            config = v1.ConfigProto(device_filters=[*live.values(), cluster.task_name])
+            try:
+                with v1.Session(target, graph=graph, config=config) as session:
+                    for i, op in ops.items():
+                        try:
+                            session.run(op, options=options)
+                            told.append(live[i])
+                        except tf.errors.OpError:
+                            pass  # named below with the others not told
+            except tf.errors.OpError:
+                pass
+
+    thread = threading.Thread(target=tell, name="disttrain-signal-done", daemon=True)
+    thread.start()
+    thread.join(timeout_secs)
+    missed = [name for name in live.values() if name not in told]
+    if missed:
+        log_fn(
+            f"WARNING {cluster.task_name}: could not tell {', '.join(missed)} that this replica is done "
+            f"within {timeout_secs:.0f} s (gone meanwhile?); exiting anyway"
+        )
 
 
 def serve_until_done(cluster: Cluster, target: str, linger_secs: float) -> set[int]:
@@ -243,13 +422,14 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, l
         wait_for_peers(others, config.peer_wait_secs, report=log_fn)
         check_cluster_agrees(cluster, target, spec_anchor(cluster), config.peer_wait_secs)
 
-        def on_reconnect(lost: str):
+        def on_reconnect(tf_texts: list[str]):
+            lost = probe_lost(cluster, others, tf_texts)
             if not strategy.recovers_in_process:
                 raise TransientError(
-                    f"{cluster.task_name} lost {lost}; {type(strategy).__name__} cannot recover in-process: "
-                    "exiting to restart from the last checkpoint"
+                    f"{cluster.task_name} lost its session: {lost}; {type(strategy).__name__} "
+                    "cannot recover in-process: exiting to restart from the last checkpoint"
                 )
-            log_fn(f"{cluster.task_name} lost its session: {lost} is gone or restarted; checking peers")
+            log_fn(f"{cluster.task_name} lost its session: {lost}; checking peers")
             wait_for_peers(others, config.peer_wait_secs, report=log_fn)
             latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
             log_fn(
@@ -266,7 +446,7 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built, l
         cluster, config, strategy, logdir, target, session_config, built, log_fn, on_reconnect=on_reconnect
     )
     if not cluster.is_local:
-        signal_done(cluster, target)
+        signal_done(cluster, target, log_fn=log_fn)
     return 0
 
 
@@ -330,9 +510,8 @@ def set_process_threads(intra: int, inter: int, log_fn: Callable[[str], None] = 
 
     Creating a Saver builds the process-wide pool at its default size (every
     core), and kernels then run there whatever `intra_op_parallelism_threads`
-    says (measured: the MLP alone at 8.7 steps/s on 2 cores with
-    intra_op_threads=1, 5.7 when really on one). Must run before TF's runtime
-    starts; 0 keeps TF's default.
+    says, so a session limited to one thread still computes on every core.
+    Must run before TF's runtime starts; 0 keeps TF's default.
     """
     try:
         if intra:

@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,10 @@ from disttrain.cluster import CHIEF, EVALUATOR, PS, WORKER, task_name
 # Every task runs this disttrain's training entry (the same one whether installed or a checkout).
 TRAIN_COMMAND = (sys.executable, "-m", "disttrain.scripts.train")
 _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# TF's C++ log lines ("W0000 00:00:1795434058.537775   16892 file.cc:432] ...") and absl's preamble.
+_TF_CPP_LOG = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -97,6 +102,7 @@ class Task:
     address: str | None
     log_path: str
     proc: subprocess.Popen | None = None
+    started: float = 0.0  # time.monotonic() at its latest start
 
     @property
     def name(self) -> str:
@@ -180,6 +186,7 @@ class LocalCluster:
             env["CUDA_VISIBLE_DEVICES"] = devices
         with open(task.log_path, mode) as log_file:
             task.proc = self._popen(task, self.argv(task), env, log_file)
+        task.started = time.monotonic()
 
     def _event(self, message: str) -> None:
         self.events.append(message)
@@ -204,13 +211,24 @@ class LocalCluster:
         self._due[task.name] = (task, time.monotonic() + self.restart_delay_secs)
         return True
 
-    def wait(self, timeout: float | None = None, on_tick: Callable[[], None] | None = None) -> dict[str, int]:
+    def wait(
+        self,
+        timeout: float | None = None,
+        on_tick: Callable[[], None] | None = None,
+        outlive_secs: float = 60.0,
+    ) -> dict[str, int]:
         """Wait for every task to exit; stop the rest at the first failure or on timeout.
 
+        A task still running `outlive_secs` after another exited 0 (training is
+        over: it should be ending too) is reported once as an event, with the
+        last line of its log, where it waits; it is left running (a PS lingers
+        `ps_linger_secs` for late replicas). Only `timeout` stops it.
         Returns each task's exit code (negative: killed by that signal).
         Raises TimeoutError (after stopping everything) if `timeout` passes.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        ended: tuple[Task, float] | None = None  # the first task to exit 0, and when it was seen
+        reported: set[str] = set()
         try:
             while True:
                 for name, (task, when) in list(self._due.items()):
@@ -222,6 +240,11 @@ class LocalCluster:
                     break
                 if all(t.proc.poll() == 0 for t in self.tasks):
                     break
+                if ended is None:
+                    first = next((t for t in self.tasks if t.proc.poll() == 0), None)
+                    ended = (first, time.monotonic()) if first else None
+                if ended is not None:
+                    self._report_outliving(*ended, outlive_secs, reported)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(
                         f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs"
@@ -235,6 +258,26 @@ class LocalCluster:
         if on_tick:
             on_tick()
         return {t.name: t.proc.returncode for t in self.tasks}
+
+    def _report_outliving(self, first: Task, when: float, outlive_secs: float, reported: set[str]) -> None:
+        now = time.monotonic()
+        for task in self.tasks:
+            if task.name in reported or task.name in self._due or task.proc.poll() is not None:
+                continue
+            running = now - max(when, task.started)
+            if running > outlive_secs:
+                reported.add(task.name)
+                self._event(
+                    f"{task.name} is still running {running:.0f} s after {first.name} exited 0; "
+                    f"its last log line: {self.last_log_line(task)!r} (log: {task.log_path})"
+                )
+
+    def last_log_line(self, task: Task) -> str:
+        """The task's last log line that is not TF's C++ logging: where it is, or waits."""
+        for line in reversed(self.log_tail(task, 200).splitlines()):
+            if line.strip() and not _TF_CPP_LOG.match(line):
+                return line.strip()
+        return ""
 
     def stop(self, grace_secs: float = 5.0) -> None:
         """SIGTERM every live task, then SIGKILL what is left after `grace_secs`."""

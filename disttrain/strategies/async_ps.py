@@ -157,17 +157,28 @@ def _local_variable(initial_value, name: str) -> tf.Variable:
 
 
 class _DrainHook(v1.train.SessionRunHook):
-    """At the end of training, wait until the transfer loop has applied every queued gradient."""
+    """At the end of training, wait until the transfer loop has applied every queued gradient.
+
+    Not for a loop that has stopped: it stops the session's coordinator when
+    it fails (its PS gone, say), and what it left queued will never be applied.
+    """
 
     def __init__(self, queued, applied, timeout_secs: float = 120.0):
         self._counts = (queued.read_value(), applied.read_value())
         self._timeout_secs = timeout_secs
+        self._coord = None
+
+    def after_create_session(self, session, coord):
+        self._coord = coord
 
     def end(self, session):
         deadline = time.monotonic() + self._timeout_secs
         while True:
             queued, applied = session.run(self._counts)
             if applied >= queued:
+                return
+            if self._coord is not None and self._coord.should_stop():
+                log.warning("%d queued gradient(s) not applied: the transfer loop stopped", queued - applied)
                 return
             if time.monotonic() > deadline:
                 left = queued - applied

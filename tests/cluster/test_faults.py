@@ -87,7 +87,10 @@ def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_pa
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
     assert any("/job:ps/task:1 died (signal 9); restarting" in e for e in cluster.events)
     chief_log = open(cluster.chief_task.log_path).read()
-    assert "lost its session: /job:ps/task:1 is gone" in chief_log, chief_log[-3000:]
+    # Exactly the killed PS: never the chief itself, nor the PS that only relayed the failure.
+    # TF may report the loss only once the PS is back, so "restarted" is as right as "gone".
+    lost = re.findall(r"lost its session: (.*); checking peers", chief_log)
+    assert lost and set(lost) <= {"/job:ps/task:1 is gone", "/job:ps/task:1 restarted"}, chief_log[-3000:]
     resumed = [int(s) for s in re.findall(r"resuming from .*model\.ckpt-(\d+)", chief_log)]
     assert resumed and resumed[0] >= killed_at - 50, (resumed, killed_at)  # no checkpointed progress lost
     steps = logged_steps(cluster.chief_task.log_path)

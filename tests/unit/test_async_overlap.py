@@ -1,5 +1,7 @@
 """AsyncParameterServer(overlap=True): worker-side copies, a queued gradient, a transfer loop."""
 
+import time
+
 import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
@@ -89,6 +91,27 @@ def test_pipelined_training_applies_every_gradient_before_the_session_closes():
     steps, value = final.values
     assert steps == 40  # every queued gradient applied once, none dropped, none twice
     assert value == pytest.approx(1.0, abs=0.05)  # converges despite stale gradients
+
+
+def test_the_drain_does_not_wait_for_a_transfer_loop_that_stopped():
+    # A transfer loop that fails (its PS gone) stops the coordinator; what it left queued stays queued.
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True)
+    with tf.Graph().as_default():
+        train_op, _, _ = quadratic(strategy)
+        (drain,) = strategy.hooks()
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            session.run(v1.local_variables_initializer())
+            session.run(train_op)  # queued; no transfer loop runs in a plain session
+            coord = v1.train.Coordinator()
+            try:
+                raise tf.errors.UnavailableError(None, None, "the PS is gone")
+            except tf.errors.UnavailableError as e:
+                coord.request_stop(e)  # as the loop's QueueRunner reports its failure
+            drain.after_create_session(session, coord)
+            started = time.monotonic()
+            drain.end(session)
+            assert time.monotonic() - started < 30  # not the 120 s drain timeout
 
 
 def two_ps_model(strategy):

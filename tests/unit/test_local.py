@@ -1,3 +1,9 @@
+import subprocess
+import sys
+import time
+
+import pytest
+
 from disttrain import cli, local
 
 
@@ -55,3 +61,42 @@ def test_summary_table():
     }
     text = cli.summary(results, {"/job:ps/task:0": 0}, "/tmp/l")
     assert "cluster examples/sec 190.0" in text and "sum over tasks: 190.0" in text
+
+
+def sleeper_popen(seconds: dict):
+    """LocalCluster's popen: each task a plain Python process that logs a line and sleeps."""
+
+    def popen(task, argv, env, log_file):
+        code = (
+            "import time; print('W0000 00:00:00.1 1 x.cc:1] noise'); "
+            f"print('{task.name} waits for something'); "
+            "print('I0000 00:00:00.2 1 x.cc:2] more noise', flush=True); "
+            f"time.sleep({seconds.get(task.name, 0)})"
+        )
+        return subprocess.Popen([sys.executable, "-c", code], stdout=log_file, stderr=subprocess.STDOUT)
+
+    return popen
+
+
+def test_a_task_that_outlives_the_others_is_reported_once_with_where_it_waits(tmp_path):
+    c = local.LocalCluster(
+        ["x.gin"], str(tmp_path), num_ps=1, num_workers=2, popen=sleeper_popen({"/job:worker/task:1": 4})
+    )
+    codes = c.start().wait(timeout=60, outlive_secs=1)
+    assert set(codes.values()) == {0}  # reported, not stopped: it ended by itself
+    assert len(c.events) == 1, c.events
+    event = c.events[0]
+    assert event.startswith("/job:worker/task:1 is still running")
+    assert "'/job:worker/task:1 waits for something'" in event and c.tasks[2].log_path in event
+
+
+def test_an_outliving_task_is_stopped_only_by_the_timeout(tmp_path):
+    c = local.LocalCluster(
+        ["x.gin"], str(tmp_path), num_ps=1, num_workers=1, popen=sleeper_popen({"/job:worker/task:0": 60})
+    )
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        c.start().wait(timeout=3, outlive_secs=1)
+    assert time.monotonic() - started < 30
+    assert [e.split(" is still")[0] for e in c.events] == ["/job:worker/task:0"]
+    assert c.tasks[1].proc.poll() is not None  # stopped by the timeout

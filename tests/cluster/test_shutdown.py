@@ -1,0 +1,67 @@
+"""The end of training with real processes: every task ends, even when its PS has already gone.
+
+The incident: worker 1 took longer to close its session than the PS tasks
+lingered after the chief was done; the PS exited, and worker 1 then waited
+for ever to tell them it was done (TF's session creation has no timeout).
+"""
+
+import os
+import time
+
+import pytest
+
+from disttrain.local import LocalCluster
+from tests.cluster.helpers import TINY, describe_failure, wait_for_line
+
+pytestmark = pytest.mark.cluster
+
+MLP = ["gin/mlp_async.gin", TINY]
+
+
+def wait_exit(proc, timeout):
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return proc.poll()
+
+
+def test_replica_that_finishes_after_every_ps_exited_exits_0_at_once(tmp_path):
+    gate = tmp_path / "gate"
+    gated = tmp_path / "gated.gin"
+    gated.write_text(
+        "import tests.cluster.slow_close\n"
+        "TrainConfig.input_fn = @gated_input\n"
+        f"gated_input.gate_file = '{gate}'\n"
+    )
+    cluster = LocalCluster(
+        [*MLP, str(gated)],
+        str(tmp_path / "logdir"),
+        num_ps=2,
+        num_workers=2,
+        gin_params=["TrainConfig.ps_linger_secs=1"],
+    ).start()
+    try:
+        ps = [t for t in cluster.tasks if t.job == "ps"]
+        worker_0, worker_1 = (t for t in cluster.tasks if t.job == "worker")
+        # The chief finishes and reports; worker 1 stops training too but sits in its session close.
+        wait_for_line(worker_0.log_path, r"/job:worker/task:0 finished", timeout=240)
+        for task in ps:
+            assert wait_exit(task.proc, 60) == 0, describe_failure(cluster)
+            assert "replicas [1] never reported done" in open(task.log_path).read()
+        assert wait_exit(worker_0.proc, 30) == 0, describe_failure(cluster)
+        assert worker_1.proc.poll() is None, describe_failure(cluster)  # still closing
+
+        gate.touch()  # worker 1's close completes now, after every PS has exited
+        opened = time.monotonic()
+        code = wait_exit(worker_1.proc, 60)
+        took = time.monotonic() - opened
+    finally:
+        cluster.stop()
+    log = open(worker_1.log_path).read()
+    assert code == 0, describe_failure(cluster)
+    assert took < 60, took  # a bound for a shared machine: it takes a second or two here
+    assert "/job:worker/task:1 finished" in log
+    gone = [line for line in log.splitlines() if "already gone" in line]
+    assert len(gone) == 1, log[-3000:]
+    assert "/job:ps/task:0" in gone[0] and "/job:ps/task:1" in gone[0], gone
+    assert os.path.exists(os.path.join(cluster.logdir, "tasks", "worker_1", "result.json"))
