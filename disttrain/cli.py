@@ -17,7 +17,7 @@ import gin
 import tensorflow as tf
 
 from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch, logs
+from disttrain import configurables, launch, logs, servers
 from disttrain.config import TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError
 
@@ -44,9 +44,9 @@ def errors_to_exit(task_cluster: cluster_lib.Cluster | None = None):
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
         texts = [str(e.message or type(e).__name__)]
         if task_cluster is None:
-            lost = launch.lost_peers(None, texts, {})
+            lost = servers.lost_peers(None, texts, {})
         else:
-            lost = launch.probe_lost(task_cluster, [], texts)
+            lost = servers.probe_lost(task_cluster, [], texts)
         fail(f"lost contact: {lost}", EXIT_TRANSIENT)
     except KeyboardInterrupt:
         fail("interrupted", 130)
@@ -132,9 +132,9 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
             f.write(gin.operative_config_str())
         os.replace(path + ".tmp", path)
 
-    logger = logs.to_console()
+    logs.to_console()
     with errors_to_exit(cluster):
-        return launch.run(cluster, config, logdir, on_built=write_operative_config, log_fn=logger.info)
+        return launch.run(cluster, config, logdir, on_built=write_operative_config)
 
 
 def launch_local(

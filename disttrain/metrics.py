@@ -13,12 +13,13 @@ TensorBoard layout under the log directory:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
 import string
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +27,7 @@ import tensorflow as tf
 from disttrain.errors import DivergedError
 
 v1 = tf.compat.v1
+log = logging.getLogger("disttrain")
 
 
 def rate(count: float, seconds: float) -> float:
@@ -132,7 +134,6 @@ class ThroughputHook(v1.train.SessionRunHook):
         every_n: int,
         task_logdir: str | None,
         cluster_logdir: str | None,
-        log: Callable[[str], None],
         decay_threshold: float = 0.0,
         decay_window: int = 3,
     ):
@@ -141,7 +142,6 @@ class ThroughputHook(v1.train.SessionRunHook):
         self._per_global = examples_per_global_step
         self._every_n = every_n
         self._dirs = (task_logdir, cluster_logdir)
-        self._log = log
         self.result = TaskThroughput(task=task, chief=cluster_logdir is not None)
         self._local_rates: list[float] = []
         self._cluster_rates: list[float] = []
@@ -192,7 +192,7 @@ class ThroughputHook(v1.train.SessionRunHook):
         msg = THROUGHPUT_LINE.format(task=r.task, step=step, loss=loss, local=local)
         if cluster_writer:
             msg += CLUSTER_SUFFIX.format(cluster=cluster, gsps=gsps)
-        self._log(msg)
+        log.info(msg)
         self._watch_decay(run_context.session.graph, step, task_writer)
         self._mark, self._mark_step, self._mark_global = now, r.local_steps, step
 
@@ -209,8 +209,8 @@ class ThroughputHook(v1.train.SessionRunHook):
             return
         self._warned_drop = drop
         memory, ops = process_memory_mb(), len(graph.get_operations())
-        self._log(
-            f"WARNING {self.result.task}: examples/sec fell {100 * drop:.0f}% below its recent best for "
+        log.warning(
+            f"{self.result.task}: examples/sec fell {100 * drop:.0f}% below its recent best for "
             f"{window} intervals (at global step {step}); process memory {memory:.0f} MiB, graph ops {ops}"
         )
         if writer:

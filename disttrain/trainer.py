@@ -67,12 +67,11 @@ def build(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> Built:
 def _without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` without tf.data's autotuning thread, unless its options turn autotuning on.
 
-    Closing a session destroys the input iterator, and with autotuning on that
-    waits for the autotuning thread's current sleep to end (TF 2.21; its
-    period doubles up to 60 s): measured, a session closed after 45 s of steps
-    took 37 s to close, 0 s without autotuning. A replica that closes that
-    slowly tells its PS too late. AUTOTUNE values still work: parallel calls
-    default to the cores, prefetch buffers tune themselves.
+    Closing a session destroys the input iterator, which waits for the
+    autotuning thread's current sleep to end (its period doubles up to 60 s
+    in TF 2.21), so a replica could tell its PS it is done after the PS has
+    left. AUTOTUNE values still work: parallel calls default to the cores,
+    prefetch buffers tune themselves.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # graph mode: "options ... no longer known at construction"
@@ -158,7 +157,7 @@ class _Reconnecting(v1.train.SessionCreator):
         return self._inner.create_session()
 
 
-def usable_checkpoint(logdir: str, log_fn: Callable[[str], None]) -> str | None:
+def usable_checkpoint(logdir: str) -> str | None:
     """The newest checkpoint in `logdir` that reads back whole, quarantining unreadable newer ones.
 
     Every tensor is read (the reader checks each one's CRC), so a truncated or
@@ -180,7 +179,7 @@ def usable_checkpoint(logdir: str, log_fn: Callable[[str], None]) -> str | None:
             break
         except (tf.errors.OpError, ValueError) as e:
             first = str(getattr(e, "message", e)).strip().splitlines()[0]
-            log_fn(f"WARNING checkpoint {path} is unreadable ({first}); falling back to the one before")
+            log.warning("checkpoint %s is unreadable (%s); falling back to the one before", path, first)
             for f in tf.io.gfile.glob(path + ".*"):
                 tf.io.gfile.rename(f, f + ".corrupt", overwrite=True)
             good.remove(path)
@@ -189,7 +188,7 @@ def usable_checkpoint(logdir: str, log_fn: Callable[[str], None]) -> str | None:
     if good:
         v1.train.update_checkpoint_state(logdir, good[-1], all_model_checkpoint_paths=good)
         return good[-1]
-    log_fn("WARNING no readable checkpoint left: starting from scratch")
+    log.warning("no readable checkpoint left: starting from scratch")
     tf.io.gfile.remove(os.path.join(logdir, "checkpoint"))
     return None
 
@@ -216,7 +215,6 @@ def train(
     target: str = "",
     session_config: tf.compat.v1.ConfigProto | None = None,
     on_built: Callable[[Built], None] | None = None,
-    log_fn: Callable[[str], None] = log.info,
     on_reconnect: Callable[[list[str]], None] | None = None,
 ) -> metrics.TaskThroughput:
     """Train this replica until the global step reaches `config.train_steps`.
@@ -238,7 +236,6 @@ def train(
             every_n=config.log_every_steps,
             task_logdir=metrics.task_logdir(logdir, job, index),
             cluster_logdir=logdir if cluster.is_chief else None,
-            log=log_fn,
             decay_threshold=config.decay_threshold,
             decay_window=config.decay_window,
         )
@@ -258,7 +255,7 @@ def train(
                     scaffold=scaffold,
                 )
             )
-            usable_checkpoint(logdir, log_fn)
+            usable_checkpoint(logdir)
             creator = v1.train.ChiefSessionCreator(
                 scaffold=scaffold, master=target, config=session_config, checkpoint_dir=logdir
             )
@@ -289,7 +286,7 @@ def train(
             tf_logger.setLevel(level)
     result = hook.result
     write_result(logdir, job, index, result)
-    log_fn(
+    log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import tensorflow as tf
-from absl import logging as log
 
 from disttrain.errors import ConfigError
 from disttrain.strategies.base import Strategy
 
 v1 = tf.compat.v1
+log = logging.getLogger("disttrain")
 
 _TRANSFER_DTYPES = {None: None, "float16": tf.float16, "bfloat16": tf.bfloat16}
 # Where tf.compat.v1.train's hooks look up the tensor they fetch as the global step

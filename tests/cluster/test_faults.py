@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain import logs
 from disttrain.bench.measure import parse_line
 from disttrain.errors import EXIT_CONFIG, EXIT_DIVERGED
 from disttrain.launch import read_results
@@ -229,6 +230,7 @@ def test_sustained_slowdown_is_warned_about_with_memory_and_op_count(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     warning = [line for line in r.stdout.splitlines() if "examples/sec fell" in line]
     assert len(warning) == 1, r.stdout[-3000:]
+    assert logs.message_of(warning[0]) and " WARNING " in warning[0], warning[0]  # a level, not text
     assert re.search(
         r"fell \d+% below its recent best for 2 intervals .* memory \d+ MiB, graph ops \d+", warning[0]
     )

@@ -21,10 +21,10 @@ import socket
 import pytest
 import tensorflow as tf
 
-from disttrain import cli, launch, trainer
+from disttrain import cli, servers, trainer
 from disttrain.cluster import Cluster
 from disttrain.errors import EXIT_TRANSIENT
-from disttrain.launch import LostPeers, failed_in_tf_text, first_error_line, lost_peers
+from disttrain.servers import LostPeers, failed_in_tf_text, first_error_line, lost_peers
 
 PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"
 W0, W1, W2 = "/job:worker/task:0", "/job:worker/task:1", "/job:worker/task:2"
@@ -278,8 +278,8 @@ def closed_port():
 
 def test_probe(listening_port):
     up, down = f"127.0.0.1:{listening_port}", f"127.0.0.1:{closed_port()}"
-    assert launch.probe([(PS0, up), (PS1, down)]) == {PS0: True, PS1: False}
-    assert launch.probe([]) == {}
+    assert servers.probe([(PS0, up), (PS1, down)]) == {PS0: True, PS1: False}
+    assert servers.probe([]) == {}
 
 
 def test_lost_peer_log_keeps_tf_records_for_the_next_reconnection():
