@@ -7,6 +7,7 @@ the launcher (each child gets SIGTERM if the launcher dies).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -227,37 +229,40 @@ class LocalCluster:
         Raises TimeoutError (after stopping everything) if `timeout` passes.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        ended: tuple[Task, float] | None = None  # the first task to exit 0, and when it was seen
-        reported: set[str] = set()
-        try:
-            while True:
-                for name, (task, when) in list(self._due.items()):
-                    if time.monotonic() >= when:
-                        del self._due[name]
-                        self._start_task(task, mode="a")
-                failed = [t for t in self.tasks if t.name not in self._due and t.proc.poll() not in (None, 0)]
-                if any(not self._restart_or_fail(t) for t in failed):
-                    break
-                if all(t.proc.poll() == 0 for t in self.tasks):
-                    break
-                if ended is None:
-                    first = next((t for t in self.tasks if t.proc.poll() == 0), None)
-                    ended = (first, time.monotonic()) if first else None
-                if ended is not None:
-                    self._report_outliving(*ended, outlive_secs, reported)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs"
-                    )
-                if on_tick:
-                    on_tick()
-                time.sleep(0.2)
-        finally:
-            self.failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
-            self.stop()
+        with interrupt_between_ticks() as interrupted:  # stopping the tasks is not interrupted either
+            try:
+                self._wait_loop(deadline, timeout, on_tick, outlive_secs, interrupted)
+            finally:
+                self.failed = [t for t in self.tasks if t.proc.poll() not in (None, 0)]
+                self.stop()
         if on_tick:
             on_tick()
         return {t.name: t.proc.returncode for t in self.tasks}
+
+    def _wait_loop(self, deadline, timeout, on_tick, outlive_secs, interrupted: Callable[[], bool]) -> None:
+        ended: tuple[Task, float] | None = None  # the first task to exit 0, and when it was seen
+        reported: set[str] = set()
+        while not interrupted():
+            for name, (task, when) in list(self._due.items()):
+                if time.monotonic() >= when:
+                    del self._due[name]
+                    self._start_task(task, mode="a")
+            failed = [t for t in self.tasks if t.name not in self._due and t.proc.poll() not in (None, 0)]
+            if any(not self._restart_or_fail(t) for t in failed):
+                return
+            if all(t.proc.poll() == 0 for t in self.tasks):
+                return
+            if ended is None:
+                first = next((t for t in self.tasks if t.proc.poll() == 0), None)
+                ended = (first, time.monotonic()) if first else None
+            if ended is not None:
+                self._report_outliving(*ended, outlive_secs, reported)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"cluster still running after {timeout:.0f} s; logs in {self.logdir}/logs")
+            if on_tick:
+                on_tick()
+            time.sleep(0.2)
+        raise KeyboardInterrupt
 
     def _report_outliving(self, first: Task, when: float, outlive_secs: float, reported: set[str]) -> None:
         now = time.monotonic()
@@ -293,6 +298,27 @@ class LocalCluster:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def interrupt_between_ticks():
+    """Ctrl-C as a flag the wait loop reads, instead of KeyboardInterrupt wherever it lands.
+
+    Python raises KeyboardInterrupt between any two bytecodes; landing inside
+    `Popen.poll()` just after it takes the Popen's internal lock leaves that
+    lock held, and the `wait()` that stopping the task needs then blocks for
+    ever (a launcher hung on Ctrl-C that way). Yields `interrupted()`; only
+    the main thread can take over SIGINT, elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    flag = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+    try:
+        yield flag.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class LogFollower:

@@ -105,39 +105,41 @@ def watch(
     followers = {r: local.LogFollower(by_name[r].log_path) for r in replicas}
     samples: dict[str, list[measure_lib.Sample]] = {r: [] for r in replicas}
     start = last_progress = time.monotonic()
-    while True:
-        for r, follower in followers.items():
-            for line in follower.new_lines():
-                parsed = measure_lib.parse_line(line)
-                if parsed is None:
-                    continue
-                del parsed["task"]
-                if r == chief:
-                    parsed["cpu_seconds"] = _counters(procs)
-                    if link_bytes is not None:
-                        parsed["link_bytes"] = link_bytes()
-                samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed))
-        result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
-        if result is not None:
-            return result
-        for p in procs:
-            code = p.proc.poll()
-            if code is not None:
+    with local.interrupt_between_ticks() as interrupted:  # Ctrl-C: see local.interrupt_between_ticks
+        while not interrupted():
+            for r, follower in followers.items():
+                for line in follower.new_lines():
+                    parsed = measure_lib.parse_line(line)
+                    if parsed is None:
+                        continue
+                    del parsed["task"]
+                    if r == chief:
+                        parsed["cpu_seconds"] = _counters(procs)
+                        if link_bytes is not None:
+                            parsed["link_bytes"] = link_bytes()
+                    samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed))
+            result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
+            if result is not None:
+                return result
+            for p in procs:
+                code = p.proc.poll()
+                if code is not None:
+                    raise RunFailed(
+                        f"{p.name} exited with code {code} before the measurement ended; "
+                        f"log {p.log_path}:\n{log_tail(p.log_path)}"
+                    )
+            now = time.monotonic()
+            if now - start > timeout:
                 raise RunFailed(
-                    f"{p.name} exited with code {code} before the measurement ended; "
-                    f"log {p.log_path}:\n{log_tail(p.log_path)}"
+                    f"no steady state after {timeout:.0f} s (raise --run_timeout or lower --measure_steps); "
+                    f"logs in {os.path.dirname(procs[0].log_path)}"
                 )
-        now = time.monotonic()
-        if now - start > timeout:
-            raise RunFailed(
-                f"no steady state after {timeout:.0f} s (raise --run_timeout or lower --measure_steps); "
-                f"logs in {os.path.dirname(procs[0].log_path)}"
-            )
-        if progress is not None and now - last_progress >= progress_secs:
-            last_progress = now
-            done = ", ".join(str(len(s) * every_n) for s in samples.values())
-            progress(f"steps per replica {done} (need >= {(warmup + measure) * every_n})")
-        time.sleep(_POLL_SECS)
+            if progress is not None and now - last_progress >= progress_secs:
+                last_progress = now
+                done = ", ".join(str(len(s) * every_n) for s in samples.values())
+                progress(f"steps per replica {done} (need >= {(warmup + measure) * every_n})")
+            time.sleep(_POLL_SECS)
+        raise KeyboardInterrupt
 
 
 def wait_until_quiet(

@@ -1,5 +1,8 @@
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -100,3 +103,37 @@ def test_an_outliving_task_is_stopped_only_by_the_timeout(tmp_path):
     assert time.monotonic() - started < 30
     assert [e.split(" is still")[0] for e in c.events] == ["/job:worker/task:0"]
     assert c.tasks[1].proc.poll() is not None  # stopped by the timeout
+
+
+def test_ctrl_c_during_wait_stops_every_task_from_a_safe_point(tmp_path):
+    """SIGINT becomes KeyboardInterrupt between the wait loop's ticks, never inside Popen.poll().
+
+    Raised inside poll() just after it takes the Popen's lock, it left the lock held
+    and stopping that task then blocked for ever (a launcher hung on Ctrl-C so).
+    """
+    c = local.LocalCluster(
+        ["x.gin"],
+        str(tmp_path),
+        num_ps=1,
+        num_workers=2,
+        popen=sleeper_popen(
+            dict.fromkeys(["/job:ps/task:0", "/job:worker/task:0", "/job:worker/task:1"], 60)
+        ),
+    )
+    c.start()
+    strays = []  # Ctrl-C that lands after wait() has given SIGINT back lands here, not in pytest
+
+    def stray(signum, frame):
+        strays.append(signum)
+
+    previous = signal.signal(signal.SIGINT, stray)
+    for k in range(20):  # a burst of Ctrl-C while the loop polls, and while it stops the tasks
+        threading.Timer(0.5 + 0.05 * k, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        c.wait(timeout=60)
+    assert time.monotonic() - started < 20
+    assert all(t.proc.poll() is not None for t in c.tasks)
+    time.sleep(1.5)  # every timer has fired
+    handler = signal.signal(signal.SIGINT, previous)
+    assert handler is stray  # wait() gave SIGINT back to whoever had it
