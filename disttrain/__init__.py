@@ -1,11 +1,15 @@
 """disttrain: data-parallel distributed training on TensorFlow that scales.
 
 The public API:
-- `Cluster`: the whole cluster from one task's point of view.
-- `TrainConfig`: a training run (model, strategy, optimizer, input, steps).
-- Replica strategies: `AsyncParameterServer`, `SyncParameterServer`,
-  `SyncAllReduce` (and the base `Strategy`).
-- `train(cluster, config, logdir)`: the whole life of one task, any role.
+- `fit(loss_fn, optimizer_fn, steps=..., logdir=...)`: the whole life of one
+  task of any role, for any graph-mode model (get_variable, Keras layers).
+- `session(strategy, steps=..., logdir=...)`: the same, for a loop of your own
+  after `strategy.minimize(...)`.
+- Replica strategies `AsyncParameterServer`, `SyncParameterServer`,
+  `SyncAllReduce` (base `Strategy`): `scope()`, `minimize()`, `hooks()`, `config()`.
+- `Cluster`: the whole cluster from one task's point of view (TF_CONFIG, flags, local).
+- `RunSettings`: how a run goes (checkpoints, logging, waits, guards);
+  `TrainConfig`: a model_zoo run as gin binds it (bin/train.py).
 - `DisttrainError`: what ends a task, with its exit code.
 """
 
@@ -23,9 +27,9 @@ import tensorflow as _tf  # noqa: E402
 _tf.compat.v1.disable_eager_execution()
 
 from disttrain.cluster import Cluster  # noqa: E402
-from disttrain.config import TrainConfig  # noqa: E402
+from disttrain.config import RunSettings, TrainConfig  # noqa: E402
 from disttrain.errors import DisttrainError  # noqa: E402
-from disttrain.launch import run as train  # noqa: E402
+from disttrain.launch import fit, session  # noqa: E402
 from disttrain.strategies import (  # noqa: E402
     AsyncParameterServer,
     Strategy,
@@ -37,9 +41,11 @@ __all__ = [
     "AsyncParameterServer",
     "Cluster",
     "DisttrainError",
+    "RunSettings",
     "Strategy",
     "SyncAllReduce",
     "SyncParameterServer",
     "TrainConfig",
-    "train",
+    "fit",
+    "session",
 ]

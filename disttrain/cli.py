@@ -8,48 +8,19 @@ library below never reads flags or gin.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 
 import gin
-import tensorflow as tf
 
 from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch, logs, servers
+from disttrain import configurables, launch, logs
 from disttrain.config import TrainConfig
-from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError
+from disttrain.errors import EXIT_TRANSIENT, DisttrainError
+from disttrain.launch import errors_to_exit, fail
 
 OPERATIVE_CONFIG = "operative_config.gin"
-
-
-def fail(message: str, code: int = ConfigError.exit_code):
-    """One line on stderr, then exit with `code`."""
-    print(f"disttrain: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
-@contextlib.contextmanager
-def errors_to_exit(task_cluster: cluster_lib.Cluster | None = None):
-    """Turn what ends a task into one clear line and the documented exit code.
-
-    Given this task's cluster, the peers TF's error shows failing are probed
-    and named gone or restarted; the task never names itself.
-    """
-    try:
-        yield
-    except DisttrainError as e:
-        fail(str(e), e.exit_code)
-    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-        texts = [str(e.message or type(e).__name__)]
-        if task_cluster is None:
-            lost = servers.lost_peers(None, texts, {})
-        else:
-            lost = servers.probe_lost(task_cluster, [], texts)
-        fail(f"lost contact: {lost}", EXIT_TRANSIENT)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
 
 
 def cluster(job, task, ps_hosts, worker_hosts, chief_host) -> cluster_lib.Cluster:

@@ -1,7 +1,7 @@
-"""TrainConfig: everything a run needs besides the cluster, as one immutable value.
+"""How a run goes: `RunSettings` for any model, `TrainConfig` for a model_zoo run from gin.
 
-Plain Python: gin binds it at the edge (`disttrain.configurables`), tests
-and user code build it directly.
+Plain Python: gin binds TrainConfig at the edge (`disttrain.configurables`);
+`disttrain.fit` takes RunSettings' fields as keyword arguments.
 """
 
 from __future__ import annotations
@@ -13,25 +13,23 @@ from disttrain.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """A training run.
+class RunSettings:
+    """How a run goes, whatever the model.
 
-    model: a model_zoo model instance (input_shape, num_classes, __call__, loss).
-    strategy: a callable cluster -> Strategy (a strategy class, or a gin-bound one).
-    optimizer: a callable () -> tf.compat.v1 optimizer, called inside the graph.
-    input_fn: (model, batch_size, replica_index, num_replicas) -> tf.data.Dataset.
-    batch_size: examples per tower (device) per step.
-    train_steps: training stops when the global step reaches this.
-    log_every_steps: console line and TensorBoard scalars every N local steps
-      (the throughput hook writes both; there is no separate summary interval).
+    log_every_steps: console line and TensorBoard scalars every N local steps.
+    save_checkpoint_steps / save_checkpoint_secs: the chief's checkpoint
+      interval (steps win when set); keep_checkpoints: how many are kept.
+    intra_op_threads / inter_op_threads: TF's thread pools (0: TF's default).
+    peer_wait_secs: how long a task waits for an unreachable peer before it
+      exits with the transient code.
+    ps_linger_secs: how long a PS waits for the other replicas once the
+      chief has finished.
+    check_numerics: a NaN or Inf loss or gradient fails the step before
+      anything is applied.
+    decay_threshold / decay_window: warn when a task's examples/sec stays
+      this far below its recent best for this many logging intervals.
     """
 
-    model: object = None
-    strategy: Callable = None
-    optimizer: Callable = None
-    input_fn: Callable = None
-    batch_size: int = 32
-    train_steps: int = 1000
     log_every_steps: int = 100
     save_checkpoint_steps: int | None = None
     save_checkpoint_secs: float | None = 600.0
@@ -40,21 +38,58 @@ class TrainConfig:
     inter_op_threads: int = 0
     peer_wait_secs: float = 120.0
     ps_linger_secs: float = 30.0
+    check_numerics: bool = True
+    decay_threshold: float = 0.3
+    decay_window: int = 3
+
+    @classmethod
+    def of(cls, **settings) -> RunSettings:
+        """RunSettings from keyword arguments; an unknown name is a ConfigError listing the known."""
+        known = {f.name for f in dataclasses.fields(RunSettings)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown setting {unknown[0]!r}: known settings are {', '.join(sorted(known))}"
+            )
+        return RunSettings(**settings).validate()
+
+    def validate(self):
+        """Raise ConfigError naming the first impossible setting; return self."""
+        where = type(self).__name__
+        if self.log_every_steps < 1:
+            raise ConfigError(f"{where}.log_every_steps must be >= 1, got {self.log_every_steps}")
+        if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
+            raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(RunSettings):
+    """A model_zoo training run, as gin binds it (all of RunSettings, and the model's parts).
+
+    model: a model_zoo model instance (input_shape, num_classes, __call__, loss).
+    strategy: a callable cluster -> Strategy (a strategy class, or a gin-bound one).
+    optimizer: a callable () -> tf.compat.v1 optimizer, called inside the graph.
+    input_fn: (model, batch_size, replica_index, num_replicas) -> tf.data.Dataset.
+    batch_size: examples per tower (device) per step.
+    train_steps: training stops when the global step reaches this.
+    eval_steps: batches per checkpoint for an evaluator task.
+    """
+
+    model: object = None
+    strategy: Callable = None
+    optimizer: Callable = None
+    input_fn: Callable = None
+    batch_size: int = 32
+    train_steps: int = 1000
     eval_steps: int = 10
-    check_numerics: bool = True  # a NaN/Inf gradient fails the step before it is applied
-    decay_threshold: float = 0.3  # warn when examples/sec stays this far below its recent best
-    decay_window: int = 3  # ... for this many logging intervals
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError naming the first missing or impossible setting."""
         for name in ("model", "strategy", "optimizer", "input_fn"):
             if getattr(self, name) is None:
                 raise ConfigError(f"TrainConfig.{name} is not set: bind it in a gin file")
-        for name in ("batch_size", "train_steps", "log_every_steps"):
+        for name in ("batch_size", "train_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
-            raise ConfigError(
-                f"TrainConfig.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}"
-            )
-        return self
+        return super().validate()

@@ -1,80 +1,322 @@
-"""Role dispatch: what a ps, worker, chief or evaluator task does, from start to exit.
+"""One training entry for any model, and role dispatch: what each task does from start to exit.
 
-`run(cluster, config, logdir)` is the whole life of one task. Roles are a
-table, not an if-chain. A PS only serves: it starts its server, waits until
-every replica has said it is done (through a queue on the PS), and returns
-so that the process exits 0 (TF's `server.join()` never returns).
+`fit(loss_fn, optimizer_fn, ...)` is the whole life of one task of a user's
+script, whatever its role; `session(strategy, ...)` is the same for a user's
+own loop; `run(cluster, config, logdir)` is the gin/model_zoo path
+(bin/train.py), a thin adapter over the same replica path. Roles are a table,
+not an if-chain. A PS only serves: it starts its server, waits until every
+replica has said it is done (through a queue on the PS), and returns so that
+the process exits 0 (TF's `server.join()` never returns).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import metrics, placement, servers, trainer
+from disttrain import logs, metrics, placement, servers, trainer
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
-from disttrain.config import TrainConfig
-from disttrain.errors import TransientError
+from disttrain.config import RunSettings, TrainConfig
+from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, TransientError
+from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
 
 
-# ---- roles -------------------------------------------------------------------
+# ---- the one entry for any model ---------------------------------------------
+
+
+def fit(
+    loss_fn: Callable[[], tf.Tensor],
+    optimizer_fn: Callable[[], v1.train.Optimizer],
+    *,
+    steps: int,
+    logdir: str,
+    strategy: Strategy | Callable[[Cluster], Strategy] | None = None,
+    cluster: Cluster | None = None,
+    batch_size: int = 1,
+    hooks: Sequence[v1.train.SessionRunHook] = (),
+    **settings,
+) -> metrics.TaskThroughput | None:
+    """Train `loss_fn` with `optimizer_fn()` on this task's part of the cluster; any role.
+
+    loss_fn: builds one replica's loss, input included (get_variable, Keras
+      layers, tf.nn), in graph mode; called once per tower, and once more in a
+      scratch graph to plan placement when its variables all come from
+      get_variable.
+    optimizer_fn: returns a tf.compat.v1 optimizer (called inside the graph).
+    steps: training ends when the global step reaches this.
+    logdir: checkpoints (restored on start), TensorBoard events, task results.
+    strategy: a strategy class or a callable cluster -> strategy (e.g.
+      `functools.partial(disttrain.AsyncParameterServer, overlap=True)`), or
+      one built for this task. None: AsyncParameterServer when the cluster
+      has PS tasks, else SyncAllReduce (one process alone: just trains).
+    cluster: None reads TF_CONFIG; no TF_CONFIG means one local process.
+    batch_size: examples per tower and step, for examples/sec.
+    hooks: more session hooks for every replica.
+    settings: any RunSettings field (log_every_steps, save_checkpoint_steps,
+      peer_wait_secs, ps_linger_secs, check_numerics, ...).
+
+    A PS serves until training is done and returns None; a replica trains
+    and returns what it measured. What ends a task (a configuration error, a
+    peer lost for good, divergence) ends the process with one line on stderr
+    and the documented exit code, so an orchestrator can act on it.
+    """
+    with errors_to_exit(cluster):
+        settings = RunSettings.of(**settings)
+        cluster = Cluster.from_env() if cluster is None else cluster
+        logs.to_console()
+        set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
+        if cluster.task_type == PS:
+            serve(cluster, settings)
+            return None
+        if cluster.task_type == EVALUATOR:
+            raise ConfigError("fit() runs no evaluator task: start the script as ps, worker or chief")
+        return train_replica(
+            make_strategy(strategy, cluster),
+            loss_fn,
+            optimizer_fn,
+            steps=steps,
+            logdir=logdir,
+            settings=settings,
+            batch_size=batch_size,
+            hooks=hooks,
+        )
+
+
+@contextlib.contextmanager
+def session(
+    strategy: Strategy,
+    *,
+    steps: int,
+    logdir: str,
+    batch_size: int = 1,
+    hooks: Sequence[v1.train.SessionRunHook] = (),
+    settings: RunSettings | None = None,
+    **more_settings,
+):
+    """A monitored session for a loop of the user's own, after `strategy.minimize(...)`.
+
+        with disttrain.session(strategy, steps=1000, logdir="/tmp/run") as session:
+            while not session.should_stop():
+                session.run(train_op)
+
+    Everything `fit` does comes with it (servers, bounded peer waits,
+    checkpoints, throughput, NaN guard, telling the PS when done). On a PS
+    task it serves until training is done and then exits the process with
+    code 0: a PS never enters the body. `session.result` is what this task
+    measured, once the block has ended.
+    """
+    cluster = strategy.cluster
+    with errors_to_exit(cluster):
+        settings = settings or RunSettings.of(**more_settings)
+        logs.to_console()
+        if cluster.task_type == PS:
+            serve(cluster, settings)
+            sys.exit(0)
+        target, on_reconnect, session_config = _connect(cluster, strategy, settings, logdir)
+        with trainer.monitored_session(
+            cluster,
+            strategy,
+            logdir,
+            steps,
+            settings,
+            batch_size,
+            target,
+            session_config,
+            hooks,
+            on_reconnect,
+        ) as monitored:
+            yield monitored
+        if not cluster.is_local:
+            servers.signal_done(cluster, target)
+
+
+def make_strategy(strategy, cluster: Cluster) -> Strategy:
+    """A strategy for this task from a class, a callable cluster -> strategy, an instance or None."""
+    if strategy is None:
+        strategy = (
+            SyncAllReduce if cluster.replica_jobs and not cluster.num_ps and not cluster.is_local else None
+        )
+        strategy = strategy or AsyncParameterServer
+    if isinstance(strategy, Strategy):
+        if strategy.cluster != cluster:
+            raise ConfigError(
+                f"the strategy was built for {strategy.cluster.task_name}, not {cluster.task_name}"
+            )
+        return strategy
+    if not callable(strategy):
+        raise ConfigError(
+            f"strategy={strategy!r}: expected a strategy class such as disttrain.AsyncParameterServer, "
+            "a callable cluster -> strategy, or a strategy built for this task"
+        )
+    return strategy(cluster)
+
+
+@contextlib.contextmanager
+def errors_to_exit(cluster: Cluster | None = None):
+    """Turn what ends a task into one line on stderr and the documented exit code.
+
+    Given this task's cluster, the peers TF's error shows failing are probed
+    and named gone or restarted; the task never names itself.
+    """
+    try:
+        yield
+    except DisttrainError as e:
+        fail(str(e), e.exit_code)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        texts = [str(e.message or type(e).__name__)]
+        if cluster is None or cluster.is_local:
+            lost = servers.lost_peers(None, texts, {})
+        else:
+            lost = servers.probe_lost(cluster, [], texts)
+        fail(f"lost contact: {lost}", EXIT_TRANSIENT)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+def fail(message: str, code: int = ConfigError.exit_code):
+    """One line on stderr, then exit with `code`."""
+    print(f"disttrain: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+# ---- the two roles every entry shares ------------------------------------------
+
+
+def serve(cluster: Cluster, settings: RunSettings) -> None:
+    """A PS task's whole life: serve variables until every replica is done (or the chief and a linger)."""
+    server = servers.start_server(
+        cluster, v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads)
+    )
+    log.info(f"{cluster.task_name} serving at {cluster.address}")
+    reported = servers.serve_until_done(cluster, server.target, settings.ps_linger_secs)
+    log.info(f"{cluster.task_name} done: {len(reported)}/{cluster.num_replicas} replicas reported; exiting")
+
+
+def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str):
+    """Start this replica's server and wait for its peers: (target, on_reconnect, session config)."""
+    session_config = strategy.config(settings.intra_op_threads, settings.inter_op_threads)
+    trainer.check_writable(logdir)
+    if cluster.is_local:
+        return "", None, session_config
+    server = servers.start_server(cluster, session_config)
+    target = server.target
+    others = servers.peers(cluster, strategy.device_filters())
+    servers.wait_for_peers(others, settings.peer_wait_secs)
+    servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), settings.peer_wait_secs)
+
+    def on_reconnect(tf_texts: list[str]):
+        lost = servers.probe_lost(cluster, others, tf_texts)
+        if not strategy.recovers_in_process:
+            raise TransientError(
+                f"{cluster.task_name} lost its session: {lost}; {type(strategy).__name__} "
+                "cannot recover in-process: exiting to restart from the last checkpoint"
+            )
+        log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
+        servers.wait_for_peers(others, settings.peer_wait_secs)
+        latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
+        log.info(f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}")
+
+    return target, on_reconnect, session_config
+
+
+def train_replica(
+    strategy: Strategy,
+    loss_fn: Callable[[], tf.Tensor],
+    optimizer_fn: Callable,
+    *,
+    steps: int,
+    logdir: str,
+    settings: RunSettings,
+    batch_size: int,
+    hooks: Sequence[v1.train.SessionRunHook] = (),
+    on_built: Callable[[], None] | None = None,
+) -> metrics.TaskThroughput:
+    """A replica's whole life: build its graph, train it to `steps` in `session`, return what it measured."""
+    cluster = strategy.cluster
+    trainer.check_writable(logdir)
+    built = trainer.build(strategy, loss_fn, optimizer_fn, settings.check_numerics)
+    if cluster.is_chief:
+        if strategy.uses_ps and cluster.num_ps:
+            log.info(placement_report(strategy, built.graph))
+        if on_built is not None:
+            on_built()
+    with session(
+        strategy, steps=steps, logdir=logdir, batch_size=batch_size, hooks=hooks, settings=settings
+    ) as monitored:
+        while not monitored.should_stop():
+            monitored.run(built.train_op)
+    return monitored.result
+
+
+def placement_report(strategy: Strategy, graph: tf.Graph, title: str = "placement (variables per PS)") -> str:
+    """Bytes per PS in the built graph, and the variables too large to place whole fairly."""
+    lines = [placement.report(graph, strategy.cluster.num_ps, title)]
+    for big in strategy.placed_whole:
+        lines.append(
+            f"  {big.name} ({big.nbytes / 2**20:.2f} MiB) is on /job:ps/task:{big.task} whole: it is not a "
+            "get_variable variable, so it could not be split"
+        )
+    return "\n".join(lines)
+
+
+# ---- the gin / model_zoo path ------------------------------------------------
+
+
+def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Callable[[], tf.Tensor]:
+    """One replica's loss for a model_zoo model: its input pipeline (made on first call) and the model."""
+    model = config.model
+    iterators = {}  # one per graph: a scratch build for placement gets its own
+
+    def loss_fn():
+        graph = v1.get_default_graph()
+        if graph not in iterators:
+            with tf.device(strategy.input_device):
+                dataset = config.input_fn(
+                    model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
+                )
+                iterators[graph] = v1.data.make_one_shot_iterator(trainer.replica_dataset(dataset))
+        features, labels = iterators[graph].get_next()
+        return model.loss(model(features, training=True), labels)
+
+    return loss_fn
+
+
+def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trainer.Built:
+    """A model_zoo replica's training graph in the current graph, placement planned from its shapes."""
+    strategy.plan_placement(config.model.build_variables)
+    return trainer.build(
+        strategy, zoo_loss_fn(config, cluster, strategy), config.optimizer, config.check_numerics
+    )
 
 
 def _run_ps(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    server = servers.start_server(
-        cluster, v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads)
-    )
-    log.info(f"{cluster.task_name} serving at {cluster.address}")
-    reported = servers.serve_until_done(cluster, server.target, config.ps_linger_secs)
-    log.info(f"{cluster.task_name} done: {len(reported)}/{cluster.num_replicas} replicas reported; exiting")
+    serve(cluster, config)
     return 0
 
 
 def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
     strategy = config.strategy(cluster)
-    session_config = strategy.config(config.intra_op_threads, config.inter_op_threads)
-    trainer.check_writable(logdir)
-    on_reconnect = None
-    if cluster.is_local:
-        target = ""
-    else:
-        server = servers.start_server(cluster, session_config)
-        target = server.target
-        others = servers.peers(cluster, strategy.device_filters())
-        servers.wait_for_peers(others, config.peer_wait_secs)
-        servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), config.peer_wait_secs)
-
-        def on_reconnect(tf_texts: list[str]):
-            lost = servers.probe_lost(cluster, others, tf_texts)
-            if not strategy.recovers_in_process:
-                raise TransientError(
-                    f"{cluster.task_name} lost its session: {lost}; {type(strategy).__name__} "
-                    "cannot recover in-process: exiting to restart from the last checkpoint"
-                )
-            log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
-            servers.wait_for_peers(others, config.peer_wait_secs)
-            latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
-            log.info(
-                f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}"
-            )
-
-    def built(b: trainer.Built) -> None:
-        if cluster.is_chief and strategy.plan is not None:
-            log.info(placement.report(b.graph, cluster.num_ps, "placement (variables per PS)"))
-        if on_built is not None and cluster.is_chief:
-            on_built()
-
-    trainer.train(cluster, config, strategy, logdir, target, session_config, built, on_reconnect=on_reconnect)
-    if not cluster.is_local:
-        servers.signal_done(cluster, target)
+    strategy.plan_placement(config.model.build_variables)  # split large variables from shapes alone
+    train_replica(
+        strategy,
+        zoo_loss_fn(config, cluster, strategy),
+        config.optimizer,
+        steps=config.train_steps,
+        logdir=logdir,
+        settings=config,
+        batch_size=config.batch_size,
+        on_built=on_built,
+    )
     return 0
 
 
@@ -160,7 +402,8 @@ def dry_run(cluster: Cluster, config: TrainConfig) -> str:
         view = Cluster(jobs=cluster.jobs, task_type=job, task_index=index)
     strategy = config.strategy(view)
     lines.append(f"strategy: {type(strategy).__name__}, {strategy.num_towers} tower(s) per replica")
-    built = trainer.build(view, config, strategy)
+    with tf.Graph().as_default():
+        built = build_zoo(view, config, strategy)
     if strategy.plan is not None:
         lines.append(placement.report(built.graph, view.num_ps, "placement plan (variables per PS)"))
         for name, (axis, parts) in sorted(strategy.plan.parts.items()):

@@ -1,24 +1,26 @@
 """The training loop: build the graph, run a monitored session, checkpoint, stop.
 
-`build` makes the training graph for one replica under its strategy;
-`train` runs it to `config.train_steps` and returns what the task measured.
-Neither starts servers or reads flags (see `disttrain.launch`).
+`build` makes one replica's training graph under its strategy from a loss
+function; `monitored_session` runs it to the last step with checkpoints,
+throughput, the NaN guard and bounded recovery. Neither starts servers or
+reads flags (see `disttrain.launch`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 from disttrain import metrics
 from disttrain.cluster import Cluster
-from disttrain.config import TrainConfig
+from disttrain.config import RunSettings
 from disttrain.errors import ConfigError, DivergedError, TransientError
 from disttrain.strategies.base import NON_FINITE, Strategy
 
@@ -28,7 +30,7 @@ log = logging.getLogger("disttrain")
 
 @dataclasses.dataclass
 class Built:
-    """The training graph of one replica and the tensors the loop needs."""
+    """One replica's training graph and the tensors the loop needs."""
 
     graph: tf.Graph
     train_op: tf.Operation
@@ -37,31 +39,31 @@ class Built:
     strategy: Strategy
 
 
-def build(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> Built:
-    """Build this replica's training graph: input, towers, gradients, update."""
-    model = config.model
-    graph = tf.Graph()
-    with graph.as_default():
-        strategy.plan_placement(model.build_variables)
-        with strategy.scope():
-            global_step = v1.train.get_or_create_global_step()
-            with tf.device(strategy.input_device):
-                dataset = config.input_fn(
-                    model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
-                )
-                iterator = v1.data.make_one_shot_iterator(_without_autotune_thread(dataset))
+def build(
+    strategy: Strategy, loss_fn: Callable[[], tf.Tensor], optimizer_fn: Callable, check_numerics: bool
+) -> Built:
+    """Build this replica's training graph in the current default graph: towers, gradients, update.
 
-            def loss_fn():
-                features, labels = iterator.get_next()
-                loss = model.loss(model(features, training=True), labels)
-                if config.check_numerics:
-                    loss = tf.debugging.check_numerics(loss, f"{NON_FINITE} loss")
-                return loss
+    `loss_fn()` builds one replica's loss, input included (called once per
+    tower, and once more in a scratch graph to plan placement when it can be).
+    With `check_numerics` a NaN or Inf loss or gradient fails the step.
+    """
 
-            train_op = strategy.minimize(config.optimizer(), loss_fn, global_step, config.check_numerics)
-        if strategy.global_step_read is not None:
-            global_step = strategy.global_step_read
-    return Built(graph, train_op, strategy.loss, global_step, strategy)
+    def checked_loss():
+        loss = loss_fn()
+        return tf.debugging.check_numerics(loss, f"{NON_FINITE} loss") if check_numerics else loss
+
+    with strategy.scope():
+        global_step = v1.train.get_or_create_global_step()
+        train_op = strategy.minimize(optimizer_fn(), checked_loss, global_step, check_numerics)
+    if strategy.global_step_read is not None:
+        global_step = strategy.global_step_read
+    return Built(v1.get_default_graph(), train_op, strategy.loss, global_step, strategy)
+
+
+def replica_dataset(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A replica's input `dataset` as the trainer reads it (see `_without_autotune_thread`)."""
+    return _without_autotune_thread(dataset)
 
 
 def _without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -207,91 +209,95 @@ def check_writable(logdir: str) -> None:
         ) from None
 
 
-def train(
+@contextlib.contextmanager
+def monitored_session(
     cluster: Cluster,
-    config: TrainConfig,
     strategy: Strategy,
     logdir: str,
+    steps: int,
+    settings: RunSettings,
+    batch_size: int,
     target: str = "",
-    session_config: tf.compat.v1.ConfigProto | None = None,
-    on_built: Callable[[Built], None] | None = None,
+    session_config: v1.ConfigProto | None = None,
+    hooks: Sequence[v1.train.SessionRunHook] = (),
     on_reconnect: Callable[[list[str]], None] | None = None,
-) -> metrics.TaskThroughput:
-    """Train this replica until the global step reaches `config.train_steps`.
+):
+    """A MonitoredSession that trains this replica until the global step reaches `steps`.
 
-    The chief restores the latest checkpoint in `logdir` if there is one,
-    saves periodically and at the end, and writes the cluster's scalars;
-    every replica writes its own throughput. `on_built` runs once the graph
-    is complete (the launcher writes the operative config there).
+    Call after the graph is built (`strategy.minimize`), with that graph as
+    the default. The chief restores the latest readable checkpoint in
+    `logdir`, saves periodically and at the end, and writes the cluster's
+    scalars; every replica writes its own throughput (`batch_size` examples
+    per tower and step) and its result.json. The session's `result`
+    holds what this task measured once the block has ended. A NaN or Inf
+    becomes DivergedError.
     """
-    built = build(cluster, config, strategy)
+    loss = strategy.loss
+    global_step = strategy.global_step_read
+    if global_step is None:
+        global_step = v1.train.get_global_step()
     job, index = (cluster.task_type, cluster.task_index)
-    with built.graph.as_default():
-        hook = metrics.ThroughputHook(
-            task=cluster.task_name,
-            loss=built.loss,
-            global_step=built.global_step,
-            examples_per_local_step=config.batch_size * strategy.num_towers,
-            examples_per_global_step=strategy.examples_per_step(config.batch_size),
-            every_n=config.log_every_steps,
-            task_logdir=metrics.task_logdir(logdir, job, index),
-            cluster_logdir=logdir if cluster.is_chief else None,
-            decay_threshold=config.decay_threshold,
-            decay_window=config.decay_window,
+    throughput = metrics.ThroughputHook(
+        task=cluster.task_name,
+        loss=loss,
+        global_step=global_step,
+        examples_per_local_step=batch_size * strategy.num_towers,
+        examples_per_global_step=strategy.examples_per_step(batch_size),
+        every_n=settings.log_every_steps,
+        task_logdir=metrics.task_logdir(logdir, job, index),
+        cluster_logdir=logdir if cluster.is_chief else None,
+        decay_threshold=settings.decay_threshold,
+        decay_window=settings.decay_window,
+    )
+    # The strategy's hooks first: their end() (an async drain of queued gradients) runs
+    # before the throughput hook reads the final global step.
+    all_hooks = [*strategy.hooks(), v1.train.StopAtStepHook(last_step=steps), throughput, *hooks]
+    saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
+    scaffold = strategy.scaffold(saver)
+    if cluster.is_chief:
+        all_hooks.append(
+            v1.train.CheckpointSaverHook(
+                logdir,
+                save_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
+                save_steps=settings.save_checkpoint_steps,
+                scaffold=scaffold,
+            )
         )
-        # The strategy's hooks first: their end() (an async drain of queued gradients) runs
-        # before the throughput hook reads the final global step.
-        hooks = [*strategy.hooks(), v1.train.StopAtStepHook(last_step=config.train_steps), hook]
-        saver = v1.train.Saver(max_to_keep=config.keep_checkpoints, sharded=True)
-        scaffold = strategy.scaffold(saver)
-        if on_built is not None:
-            on_built(built)
-        if cluster.is_chief:
-            hooks.append(
-                v1.train.CheckpointSaverHook(
-                    logdir,
-                    save_secs=None if config.save_checkpoint_steps else config.save_checkpoint_secs,
-                    save_steps=config.save_checkpoint_steps,
-                    scaffold=scaffold,
-                )
-            )
-            usable_checkpoint(logdir)
-            creator = v1.train.ChiefSessionCreator(
-                scaffold=scaffold, master=target, config=session_config, checkpoint_dir=logdir
-            )
-        else:
-            creator = _WorkerSessionCreator(scaffold, target, session_config, config.peer_wait_secs)
-        tf_logger = tf.get_logger()
-        lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
-        creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
-        level = tf_logger.level
-        tf_logger.addFilter(lost_peer_log)
-        tf_logger.setLevel(min(tf_logger.getEffectiveLevel(), logging.INFO))
-        try:
-            with v1.train.MonitoredSession(
-                session_creator=creator, hooks=hooks, stop_grace_period_secs=5
-            ) as session:
-                while not session.should_stop():
-                    session.run(built.train_op)
-        except tf.errors.InvalidArgumentError as e:
-            if NON_FINITE not in str(e.message):
-                raise
-            what = str(e.message).split(NON_FINITE, 1)[1].split(":")[0].strip()
-            raise DivergedError(
-                f"{what} became NaN or Inf after global step {hook.result.global_step}: stopping; "
-                "the last checkpoint holds no diverged value (lower the learning rate?)"
-            ) from None
-        finally:
-            tf_logger.removeFilter(lost_peer_log)
-            tf_logger.setLevel(level)
-    result = hook.result
+        usable_checkpoint(logdir)
+        creator = v1.train.ChiefSessionCreator(
+            scaffold=scaffold, master=target, config=session_config, checkpoint_dir=logdir
+        )
+    else:
+        creator = _WorkerSessionCreator(scaffold, target, session_config, settings.peer_wait_secs)
+    tf_logger = tf.get_logger()
+    lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
+    creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
+    level = tf_logger.level
+    tf_logger.addFilter(lost_peer_log)
+    tf_logger.setLevel(min(tf_logger.getEffectiveLevel(), logging.INFO))
+    try:
+        with v1.train.MonitoredSession(
+            session_creator=creator, hooks=all_hooks, stop_grace_period_secs=5
+        ) as session:
+            yield session
+    except tf.errors.InvalidArgumentError as e:
+        if NON_FINITE not in str(e.message):
+            raise
+        what = str(e.message).split(NON_FINITE, 1)[1].split(":")[0].strip()
+        raise DivergedError(
+            f"{what} became NaN or Inf after global step {throughput.result.global_step}: stopping; "
+            "the last checkpoint holds no diverged value (lower the learning rate?)"
+        ) from None
+    finally:
+        tf_logger.removeFilter(lost_peer_log)
+        tf_logger.setLevel(level)
+    result = session.result = throughput.result
     write_result(logdir, job, index, result)
     log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
-    return result
 
 
 def write_result(logdir: str, job: str, index: int, result: metrics.TaskThroughput) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import local, metrics, placement, strategies, trainer
+from disttrain import launch, local, metrics, placement, strategies
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem
@@ -126,7 +126,8 @@ def ps_loads(config: TrainConfig, num_ps: int) -> list[int]:
     """Bytes of variables each PS holds under config.strategy (as launch.dry_run builds it)."""
     jobs = {WORKER: ["localhost:1"], PS: [f"localhost:{i + 2}" for i in range(num_ps)]}
     view = Cluster(jobs=jobs, task_type=WORKER, task_index=0)
-    built = trainer.build(view, config, config.strategy(view))
+    with tf.Graph().as_default():
+        built = launch.build_zoo(view, config, config.strategy(view))
     return placement.ps_loads(built.graph, num_ps, include_slots=False)
 
 
