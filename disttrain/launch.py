@@ -51,7 +51,8 @@ def fit(
     loss_fn: builds one replica's loss, input included (get_variable, Keras
       layers, tf.nn), in graph mode; called once per tower, and once more in a
       scratch graph to plan placement when its variables all come from
-      get_variable.
+      get_variable. It must build in the graph it is called in: an iterator
+      or tensor it keeps between calls is kept per `v1.get_default_graph()`.
     optimizer_fn: returns a tf.compat.v1 optimizer (called inside the graph).
     steps: training ends when the global step reaches this.
     logdir: checkpoints (restored on start), TensorBoard events, task results.

@@ -377,12 +377,16 @@ def serve_until_done(cluster: Cluster, target: str, linger_secs: float) -> set[i
             reported: set[int] = set()
             deadline = None
             while len(reported) < cluster.num_replicas:
-                if deadline is not None and time.monotonic() > deadline:
+                # Block until the chief reports, then at most until the linger ends: a dequeue
+                # that times out every second would log TF's cancellation lines every second.
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     missing = sorted(set(range(cluster.num_replicas)) - reported)
                     log.warning("replicas %s never reported done; ending the PS anyway", missing)
                     break
+                options = None if left is None else v1.RunOptions(timeout_in_ms=max(1, int(left * 1000)))
                 try:
-                    index = session.run(dequeue, options=v1.RunOptions(timeout_in_ms=1000))
+                    index = session.run(dequeue, options=options)
                 except tf.errors.DeadlineExceededError:
                     continue
                 reported.add(int(index))
