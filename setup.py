@@ -41,7 +41,15 @@ setup(
         "bench": ["matplotlib>=3.8,<4"],
         # The test tools; the suite also checks the benchmark's plot, so the README's
         # test command installs .[cpu,bench,test].
-        "test": ["pytest>=8,<10", "pytest-timeout>=2.3,<3", "ruff>=0.6", "psutil>=5.9,<8", "pyyaml>=6,<7"],
+        # keras: TensorFlow installs Keras 3 itself; the tests import it by name, so it is named here.
+        "test": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.3,<3",
+            "ruff>=0.6",
+            "psutil>=5.9,<8",
+            "pyyaml>=6,<7",
+            "keras>=3.10,<4",
+        ],
     },
     entry_points={
         "console_scripts": [
