@@ -285,7 +285,7 @@ def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Ca
                 dataset = config.input_fn(
                     model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
                 )
-                iterators[graph] = v1.data.make_one_shot_iterator(trainer.replica_dataset(dataset))
+                iterators[graph] = v1.data.make_one_shot_iterator(trainer.without_autotune_thread(dataset))
         features, labels = iterators[graph].get_next()
         return model.loss(model(features, training=True), labels)
 

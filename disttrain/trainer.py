@@ -61,12 +61,7 @@ def build(
     return Built(v1.get_default_graph(), train_op, strategy.loss, global_step, strategy)
 
 
-def replica_dataset(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """A replica's input `dataset` as the trainer reads it (see `_without_autotune_thread`)."""
-    return _without_autotune_thread(dataset)
-
-
-def _without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """`dataset` without tf.data's autotuning thread, unless its options turn autotuning on.
 
     Closing a session destroys the input iterator, which waits for the

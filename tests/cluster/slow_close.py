@@ -5,7 +5,7 @@ The gated replica's first `open_batches` batches are prefetched at once, so it
 trains at full speed; the prefetching thread then waits at the gate. Closing
 a session destroys the iterator, which joins that thread: the replica's close
 lasts until `gate_file` exists, as the incident's did while tf.data's
-autotuning thread slept (see disttrain.trainer._without_autotune_thread).
+autotuning thread slept (see disttrain.trainer.without_autotune_thread).
 """
 
 from __future__ import annotations
