@@ -28,6 +28,9 @@ class RunSettings:
       anything is applied.
     decay_threshold / decay_window: warn when a task's examples/sec stays
       this far below its recent best for this many logging intervals.
+    trace_steps: write a Chrome trace of this many steps of every replica
+      (after its first logging interval) to <logdir>/tasks/<job>_<index>/;
+      0: none.
     """
 
     log_every_steps: int = 100
@@ -41,6 +44,7 @@ class RunSettings:
     check_numerics: bool = True
     decay_threshold: float = 0.3
     decay_window: int = 3
+    trace_steps: int = 0
 
     @classmethod
     def of(cls, **settings) -> RunSettings:

@@ -244,6 +244,46 @@ class ThroughputHook(v1.train.SessionRunHook):
                 writer.flush()
 
 
+class TraceHook(v1.train.SessionRunHook):
+    """Writes a Chrome trace (chrome://tracing, Perfetto) of `steps` local steps of this task.
+
+    The steps traced are those right after the first `after_steps` (past
+    start-up and the first checkpoint), one file per step,
+    `<directory>/trace_step_<global step>.json`: every op of the step on
+    every device it ran on (this task's, and the PS tasks' for the
+    variables it read and updated), with the transfers between them. Only
+    the step's own session.run is traced, not a strategy's loop beside it.
+    """
+
+    def __init__(self, directory: str, steps: int, after_steps: int, global_step: tf.Tensor):
+        self._directory, self._steps, self._after = directory, steps, after_steps
+        self._global_step = global_step
+        self._local = 0
+        self.written: list[str] = []
+
+    def _tracing(self) -> bool:
+        return self._after < self._local + 1 <= self._after + self._steps
+
+    def before_run(self, run_context):
+        if not self._tracing():
+            return None
+        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+        return v1.train.SessionRunArgs(self._global_step, options=options)
+
+    def after_run(self, run_context, run_values):
+        tracing, self._local = self._tracing(), self._local + 1
+        if not tracing:
+            return
+        from tensorflow.python.client import timeline  # not exported by tf.compat.v1
+
+        os.makedirs(self._directory, exist_ok=True)
+        path = os.path.join(self._directory, f"trace_step_{int(run_values.results)}.json")
+        with open(path, "w") as f:
+            f.write(timeline.Timeline(run_values.run_metadata.step_stats).generate_chrome_trace_format())
+        self.written.append(path)
+        log.info("step trace: %s", path)
+
+
 # The console line of ThroughputHook, defined once: formatted by the hook, read back by
 # `parse_throughput` (the benchmark measures runs from the tasks' logs).
 THROUGHPUT_LINE = "{task} step {step}  loss {loss:.4f}  examples/sec {local:.1f} (this task)"

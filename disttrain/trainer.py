@@ -247,6 +247,11 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     all_hooks = [*strategy.hooks(), v1.train.StopAtStepHook(last_step=steps), throughput, *hooks]
+    if settings.trace_steps:
+        task_dir = metrics.task_logdir(logdir, job, index)
+        all_hooks.append(
+            metrics.TraceHook(task_dir, settings.trace_steps, settings.log_every_steps, global_step)
+        )
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)
     if cluster.is_chief:

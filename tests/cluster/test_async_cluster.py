@@ -1,5 +1,7 @@
 """A real cluster: PS and workers as separate processes on loopback, trained to a set step."""
 
+import glob
+import json
 import os
 
 import pytest
@@ -20,7 +22,11 @@ def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
         num_ps=2,
         num_workers=2,
         # Enough steps that the chief logs several intervals even if the other worker takes most steps.
-        gin_params=["TrainConfig.train_steps=200", "TrainConfig.log_every_steps=4"],
+        gin_params=[
+            "TrainConfig.train_steps=200",
+            "TrainConfig.log_every_steps=4",
+            "TrainConfig.trace_steps=1",
+        ],
     )
     assert all(code == 0 for code in codes.values()), describe_failure(cluster) + str(codes)
     logdir = cluster.logdir
@@ -37,6 +43,14 @@ def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
     assert os.path.exists(os.path.join(logdir, "operative_config.gin"))
     r = read_results(logdir)
     assert set(r) == {"worker_0", "worker_1"} and all(x["local_steps"] > 0 for x in r.values())
+    for worker in ("worker_0", "worker_1"):  # one step's Chrome trace each, the PS ops included
+        (trace,) = glob.glob(os.path.join(logdir, "tasks", worker, "trace_step_*.json"))
+        events = json.load(open(trace))["traceEvents"]
+        devices = {e["args"]["name"].split()[0] for e in events if e.get("name") == "process_name"}
+        assert {d.split("/replica")[0] for d in devices} >= {"/job:ps", f"/job:{worker.split('_')[0]}"}, (
+            devices
+        )
+        assert any(e.get("ph") == "X" and e["args"]["name"].startswith("fc") for e in events)
     chief_log = open(cluster.chief_task.log_path).read()
     assert "busiest PS / mean" in chief_log  # the placement report, printed by the chief
 
