@@ -272,14 +272,17 @@ def _spread(tables: Sequence[VariableSpec], num_ps: int) -> tuple[dict, dict[str
     return parts, devices, loads
 
 
-def make_plan(specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float = 0.05) -> Plan:
+def make_plan(
+    specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float = 0.05, piece_bytes: float | None = None
+) -> Plan:
     """Balance `specs` over `num_ps` tasks within `1 + max_imbalance` of the mean.
 
     Embedding tables with at least MIN_TABLE_ROWS_PER_PART rows per PS are
     spread over every PS by rows (see `_spread`). The other variables are
-    split as little as needed: first no variable larger than the mean load is
-    kept whole, then the piece limit halves until the balance holds (or pieces
-    can be split no further, in which case the best plan found is returned).
+    split as little as needed: first no variable larger than the mean load
+    (nor than `piece_bytes`, when given) is kept whole, then the piece limit
+    halves until the balance holds (or pieces can be split no further, in
+    which case the best plan found is returned).
     """
     if num_ps < 1:
         raise ValueError(f"num_ps must be >= 1, got {num_ps}")
@@ -289,7 +292,7 @@ def make_plan(specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float =
     total = sum(s.nbytes for s in specs)
     mean = total / num_ps
     best = None
-    limit = float(mean) if num_ps > 1 else math.inf
+    limit = min(float(mean) if num_ps > 1 else math.inf, piece_bytes or math.inf)
     for _ in range(12):
         parts = {s.name: _split(s, limit) for s in rest}
         pieces = [p for s in rest for p in _pieces(s, *parts[s.name])]
@@ -303,7 +306,7 @@ def make_plan(specs: Sequence[VariableSpec], num_ps: int, max_imbalance: float =
         )
         if best is None or plan.max_over_mean < best.max_over_mean:
             best = plan
-        if plan.max_over_mean <= 1 + max_imbalance or not math.isfinite(limit):
+        if plan.max_over_mean <= 1 + max_imbalance or num_ps == 1:
             break
         limit /= 2
     return best

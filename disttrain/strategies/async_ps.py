@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 
 import tensorflow as tf
 
 from disttrain.errors import ConfigError
-from disttrain.strategies import sparse
+from disttrain.strategies import sparse, waves
 from disttrain.strategies.base import Strategy
 
 v1 = tf.compat.v1
@@ -45,6 +47,13 @@ class AsyncParameterServer(Strategy):
     transfer_dtype: 'bfloat16' or 'float16' halves the bytes (and the CPU that
       gRPC spends on them) of both the push and the pull; variables, optimizer
       state and the update stay float32 on the PS. Needs overlap.
+    piece_bytes: cut every variable larger than this into pieces (partitioned
+      variables on the PS, each updated on its own) and move them in order,
+      a couple of waves at a time (`disttrain.strategies.waves`). With
+      overlap, each piece is applied and pulled back while the next ones are
+      pushed, so both directions of the link are busy; without, a step's
+      reads arrive in the order the model asks for them, first layers first.
+      Only `get_variable` variables can be cut (Keras layers' stay whole).
     """
 
     uses_ps = True
@@ -56,8 +65,12 @@ class AsyncParameterServer(Strategy):
         max_imbalance: float = 0.05,
         overlap: bool = False,
         transfer_dtype: str | None = None,
+        piece_bytes: int | None = None,
     ):
         super().__init__(cluster, num_towers, max_imbalance)
+        if piece_bytes is not None and piece_bytes < 1:
+            raise ConfigError(f"AsyncParameterServer.piece_bytes must be >= 1 (or None), got {piece_bytes}")
+        self.piece_bytes = piece_bytes
         if transfer_dtype not in _TRANSFER_DTYPES:
             raise ConfigError(f"transfer_dtype={transfer_dtype!r}: expected None, 'float16' or 'bfloat16'")
         if transfer_dtype and not overlap:
@@ -67,6 +80,7 @@ class AsyncParameterServer(Strategy):
         self._copies: list[tuple[tf.Variable, tf.Variable]] = []  # (worker copy, PS variable)
         self.transfer_op: tf.Operation | None = None  # one round of the transfer loop
         self._counts = None  # (gradients queued, gradients applied) on this worker
+        self._loop: _TransferLoop | None = None
 
     def _on_ps(self, var, value):
         """`value` converted for the wire on `var`'s PS (a no-op without a transfer dtype)."""
@@ -107,16 +121,19 @@ class AsyncParameterServer(Strategy):
             received = list(received) if isinstance(received, list | tuple) else [received]
         for tensor, sent in zip(received, flat, strict=True):
             tensor.set_shape(sent.shape)
+        per_grad = []
+        for p in parts:
+            per_grad.append(received[: len(p)])
+            received = received[len(p) :]
         to_push = []
-        for p, (grad, var) in zip(parts, grads_and_vars, strict=True):
-            mine, received = received[: len(p)], received[len(p) :]
-            with tf.device(var.device):
-                values = tf.cast(mine[0], var.dtype.base_dtype)
-                if sparse.is_sparse(grad):
-                    # The shape from the variable: grad.dense_shape may depend on this step's ops.
-                    to_push.append((tf.IndexedSlices(values, mine[1], sparse.shape_of(var)), var))
-                else:
-                    to_push.append((values, var))
+        for (grad, var), (values, *indices) in zip(
+            grads_and_vars, self._in_waves(per_grad, grads_and_vars), strict=True
+        ):
+            if sparse.is_sparse(grad):
+                # The shape from the variable: grad.dense_shape may depend on this step's ops.
+                to_push.append((tf.IndexedSlices(values, indices[0], sparse.shape_of(var)), var))
+            else:
+                to_push.append((values, var))
         graph = v1.get_default_graph()
         before = len(graph.get_operations())
         push = optimizer.apply_gradients(to_push, global_step=global_step)
@@ -139,20 +156,105 @@ class AsyncParameterServer(Strategy):
         self.global_step_read = mirror.read_value()
         graph.clear_collection(_GLOBAL_STEP_READ)
         graph.add_to_collection(_GLOBAL_STEP_READ, self.global_step_read)
-        v1.train.add_queue_runner(
-            v1.train.QueueRunner(
-                queue,
-                [self.transfer_op],
-                close_op=queue.close(),
-                cancel_op=queue.close(cancel_pending_enqueues=True),
-                queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
-            )
+        self._loop = _TransferLoop(
+            queue,
+            [self.transfer_op],
+            close_op=queue.close(),
+            cancel_op=queue.close(cancel_pending_enqueues=True),
+            queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
         )
+        v1.train.add_queue_runner(self._loop)
         self._counts = (queued, applied)
         return step
 
+    def _in_waves(self, per_grad, grads_and_vars) -> list[list[tf.Tensor]]:
+        """Each gradient's queued tensors moved to its variable's PS, in waves of about piece_bytes.
+
+        In order (see `waves`), each piece is applied and pulled back while the
+        next ones are still being pushed. Without piece_bytes, all at once.
+        """
+        worker = self.compute_devices[0]
+        order = waves.Waves(self.piece_bytes)
+        moved = []
+        for tensors, (_, var) in zip(per_grad, grads_and_vars, strict=True):
+            gate = order.gate(sum(waves.static_bytes(t) for t in tensors))
+            with tf.device(worker), tf.control_dependencies(gate):
+                leaving = [tf.identity(t) for t in tensors] if gate else tensors
+            with tf.device(var.device):
+                here = [tf.identity(t) for t in leaving]
+                moved.append([tf.cast(here[0], var.dtype.base_dtype), *here[1:]])
+            order.arrived([t.op for t in here])
+        return moved
+
     def hooks(self) -> list:
         return [_DrainHook(*self._counts)] if self._counts is not None else []
+
+    def traced_loops(self) -> list:
+        return [self._loop] if self._loop is not None else []
+
+
+class _TransferLoop(v1.train.QueueRunner):
+    """The transfer loop's queue runner, which can trace some of its rounds on request.
+
+    `trace(n)` asks for the next n rounds to run with a full trace;
+    `take_traces()` returns the StepStats of the rounds traced since the last
+    call. The loop itself is QueueRunner's (TF's `_run`, with the trace
+    options passed to each round).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._trace_lock = threading.Lock()
+        self._to_trace = 0
+        self._traces: list = []
+
+    def trace(self, rounds: int) -> None:
+        with self._trace_lock:
+            self._to_trace += rounds
+
+    def take_traces(self) -> list:
+        with self._trace_lock:
+            traces, self._traces = self._traces, []
+        return traces
+
+    def _round(self, plain):
+        with self._trace_lock:
+            tracing = self._to_trace > 0
+            self._to_trace -= tracing
+        if not tracing:
+            plain()
+            return
+        metadata = v1.RunMetadata()
+        plain(options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        with self._trace_lock:
+            self._traces.append(metadata.step_stats)
+
+    def _run(self, sess, enqueue_op, coord=None):
+        decremented = False
+        try:
+            plain = sess.make_callable(enqueue_op, accept_options=True)
+            while not (coord and coord.should_stop()):
+                try:
+                    self._round(plain)
+                except self._queue_closed_exception_types:
+                    with self._lock:
+                        self._runs_per_session[sess] -= 1
+                        decremented = True
+                        if self._runs_per_session[sess] == 0:
+                            with contextlib.suppress(Exception):  # as TF's: errors of close are moot
+                                sess.run(self._close_op)
+                    return
+        except Exception as e:
+            if coord:
+                coord.request_stop(e)
+            else:
+                with self._lock:
+                    self._exceptions_raised.append(e)
+                raise
+        finally:
+            if not decremented:
+                with self._lock:
+                    self._runs_per_session[sess] -= 1
 
 
 def _updates_by_variable(ops) -> dict[str, list[tf.Operation]]:

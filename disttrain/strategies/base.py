@@ -25,7 +25,7 @@ import tensorflow as tf
 from disttrain import placement
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import sparse
+from disttrain.strategies import sparse, waves
 
 v1 = tf.compat.v1
 NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
@@ -97,9 +97,15 @@ class Strategy(abc.ABC):
     """Base class. Subclasses set `uses_ps` and implement `apply_gradients`."""
 
     uses_ps = True
+    # Variables larger than this many bytes are cut into pieces of their own on the PS (None: only
+    # as balance needs); set by the PS strategies that pipeline transfers piece by piece.
+    piece_bytes: int | None = None
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
+    # How optimizer.compute_gradients gates a backprop op's gradients (TF's default: all of an
+    # op's input gradients are computed before any is used).
+    gate_gradients = v1.train.Optimizer.GATE_OP
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster
@@ -226,7 +232,11 @@ class Strategy(abc.ABC):
         """Gradients of the mean loss over this task's towers, averaged on the host.
 
         `read` (see _build_towers) needs a loss function, even with one tower.
+        With piece_bytes and PS tasks, the default read brings the variables
+        over in waves, in the order the model asks for them (see `waves`).
         """
+        if read is None and callable(loss) and self.piece_bytes and self.uses_ps and self.cluster.num_ps:
+            read = self._ordered_read()
         if not callable(loss):
             if self.num_towers > 1 or read is not None:
                 raise ConfigError(
@@ -234,11 +244,19 @@ class Strategy(abc.ABC):
                     "to get a loss function, not a loss tensor"
                 )
             self.loss = loss
-            return [(g, v) for g, v in optimizer.compute_gradients(loss) if g is not None]
+            return [
+                (g, v)
+                for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
+                if g is not None
+            ]
         if self.num_towers == 1 and read is None:
             with self.setter.tower(self.compute_devices[0]):
                 self.loss = loss()
-            return [(g, v) for g, v in optimizer.compute_gradients(self.loss) if g is not None]
+            return [
+                (g, v)
+                for g, v in optimizer.compute_gradients(self.loss, gate_gradients=self.gate_gradients)
+                if g is not None
+            ]
         losses, tower_grads = self._build_towers(loss, read)
         if len(losses) == 1:
             self.loss = losses[0]
@@ -253,6 +271,20 @@ class Strategy(abc.ABC):
                 else:
                     averaged.append((tf.add_n([tf.convert_to_tensor(g) for g in grads]) / len(grads), var))
         return averaged
+
+    def _ordered_read(self) -> Callable:
+        """A `read` for _build_towers: each variable crosses once the one two waves before it has."""
+        order = waves.Waves(self.piece_bytes)
+
+        def read(var):
+            gate = order.gate(waves.static_bytes(var))
+            with tf.device(var.device), tf.control_dependencies(gate):
+                value = var.read_value()
+            arrived = tf.identity(value)
+            order.arrived([arrived.op])
+            return arrived
+
+        return read
 
     def minimize(self, optimizer, loss, global_step=None, check_numerics: bool = False) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
@@ -318,7 +350,7 @@ class Strategy(abc.ABC):
         self.tables = frozenset(s.name for s in specs if s.table)
         if not (self.uses_ps and self.cluster.num_ps):
             return None
-        return placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance)
+        return placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance, self.piece_bytes)
 
     def _place_unplanned(self, exclude) -> None:
         """Balance the model variables no plan placed: whole, by bytes, onto the PS tasks."""
@@ -347,6 +379,14 @@ class Strategy(abc.ABC):
 
     def hooks(self) -> list:
         """Session hooks this strategy needs (built after minimize())."""
+        return []
+
+    def traced_loops(self) -> list:
+        """Loops this strategy runs beside the step that a step trace should show too.
+
+        Each has `trace(rounds)` (trace its next rounds) and `take_traces()`
+        (the StepStats of the rounds traced since the last call).
+        """
         return []
 
     def scaffold(self, saver=None) -> tf.compat.v1.train.Scaffold:

@@ -59,6 +59,9 @@ class SyncParameterServer(Strategy):
     step_delay_secs, delay_replicas: fault injection for tests and demos: the
       listed replicas sleep this long between computing their gradients and
       sending them (a straggler). Leave unset in real runs.
+    piece_bytes: cut every variable larger than this into pieces, each
+      accumulated and updated on its own, and read them in waves in the order
+      the model asks for them, as AsyncParameterServer does.
 
     One increment of the global step consumes (N-b) x batch x towers examples.
     With a single replica (or no cluster) gradients are applied directly.
@@ -74,8 +77,12 @@ class SyncParameterServer(Strategy):
         max_imbalance: float = 0.05,
         step_delay_secs: float = 0.0,
         delay_replicas: tuple[int, ...] = (),
+        piece_bytes: int | None = None,
     ):
         super().__init__(cluster, num_towers, max_imbalance)
+        if piece_bytes is not None and piece_bytes < 1:
+            raise ConfigError(f"SyncParameterServer.piece_bytes must be >= 1 (or None), got {piece_bytes}")
+        self.piece_bytes = piece_bytes
         n = cluster.num_replicas
         if not 0 <= backup_workers < n:
             raise ConfigError(

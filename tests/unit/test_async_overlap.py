@@ -2,12 +2,14 @@
 
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
 from disttrain import AsyncParameterServer, Cluster
 from disttrain.errors import ConfigError
+from disttrain.local import free_port
 
 v1 = tf.compat.v1
 
@@ -177,3 +179,84 @@ def test_a_step_touches_no_ps_not_even_for_the_global_step():
     assert hooks_read is strategy.global_step_read
     assert transfers  # the variables and their updates are on the PS, only not in the step
     assert ps == [], ps
+
+
+def test_pieces_leave_the_worker_in_waves_each_after_the_one_two_before_arrived():
+    cluster = Cluster.from_hosts("worker", 0, ["p0:1"], ["w0:1"])
+    strategy = AsyncParameterServer(cluster, overlap=True, piece_bytes=2048)
+    g, _ = two_ps_model(strategy)  # w is 8 KiB: four pieces on the one PS, one wave each
+    assert strategy.plan.parts == {"w": (0, 4)}
+    with g.as_default():
+        applies = [op for op in g.get_operations() if op.type == "ResourceApplyAdam"]
+    assert len(applies) == 4
+    gated = []
+    for apply in applies:
+        arriving = apply.inputs[9].op  # the gradient, as it arrives on the PS
+        assert arriving.type == "Identity" and arriving.device.startswith("/job:ps/")
+        leaving = arriving.inputs[0].op
+        if leaving.type == "Identity":  # held on the worker until an earlier wave is on the PS
+            assert leaving.device.startswith("/job:worker/")
+            gated.append({c.device.split("/")[1] for c in leaving.control_inputs})
+    assert gated == [{"job:ps"}, {"job:ps"}]  # waves 2 and 3 wait; waves 0 and 1 leave at once
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
+def test_a_variable_in_pieces_trains_exactly_as_whole(overlap):
+    """In-process PS and worker servers: Adam on 4 pieces gives the same values as on one."""
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    spec = tf.train.ClusterSpec({"ps": hosts[:1], "worker": hosts[1:]})
+    worker = [tf.distribute.Server(spec, job_name=job, task_index=0) for job in ("ps", "worker")][1]
+    cluster = Cluster.from_hosts("worker", 0, hosts[:1], hosts[1:])
+
+    def trained(piece_bytes):
+        strategy = AsyncParameterServer(cluster, overlap=overlap, piece_bytes=piece_bytes)
+        with tf.Graph().as_default():
+
+            def loss_fn():
+                x = tf.constant(np.random.default_rng(0).normal(size=(4, 64)), tf.float32)
+                w = v1.get_variable("w", [64, 32], initializer=v1.ones_initializer())
+                return tf.reduce_sum(tf.square(tf.matmul(x, w)))
+
+            with strategy.scope():
+                train_op = strategy.minimize(v1.train.AdamOptimizer(0.01), loss_fn)
+            parts = [v for v in v1.trainable_variables() if v.op.name.split("/")[0] == "w"]
+            with v1.Session(worker.target, config=strategy.config()) as session:
+                session.run(v1.global_variables_initializer())
+                session.run(v1.local_variables_initializer())
+                for _ in range(3):
+                    session.run(train_op)
+                    if overlap:
+                        session.run(strategy.transfer_op)
+                return len(parts), session.run(tf.concat(parts, axis=0))
+
+    (whole_parts, whole), (split_parts, split) = trained(None), trained(2048)
+    assert (whole_parts, split_parts) == (1, 4)
+    np.testing.assert_array_equal(whole, split)
+
+
+def test_without_overlap_reads_cross_in_the_order_the_model_asks_for_them():
+    cluster = Cluster.from_hosts("worker", 0, ["p0:1"], ["w0:1"])
+    strategy = AsyncParameterServer(cluster, piece_bytes=4096)
+    with tf.Graph().as_default() as g:
+
+        def loss_fn():
+            x = tf.ones([2, 32])
+            for i in range(4):  # 4 KiB each: one wave per layer
+                x = tf.matmul(x, v1.get_variable(f"layer{i}", [32, 32]))
+            return tf.reduce_sum(x)
+
+        with strategy.scope():
+            strategy.minimize(v1.train.GradientDescentOptimizer(0.1), loss_fn)
+    reads = {  # the step's reads, by variable; each in a name scope of its own
+        op.inputs[0].op.name: op
+        for op in g.get_operations()
+        if op.type == "ReadVariableOp" and op.name.startswith("cached_read")
+    }
+    variable_of_scope = {read.name.split("/")[0]: name for name, read in reads.items()}
+    gates = {
+        name: [variable_of_scope[c.name.split("/")[0]] for c in read.control_inputs]
+        for name, read in reads.items()
+    }
+    assert all(read.device.startswith("/job:ps/") for read in reads.values())
+    # layer2 crosses once layer0 is on the worker, layer3 once layer1 is; 0 and 1 at once.
+    assert gates == {"layer0": [], "layer1": [], "layer2": ["layer0"], "layer3": ["layer1"]}, gates
