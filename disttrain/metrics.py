@@ -251,13 +251,18 @@ class TraceHook(v1.train.SessionRunHook):
     start-up and the first checkpoint), one file per step,
     `<directory>/trace_step_<global step>.json`: every op of the step on
     every device it ran on (this task's, and the PS tasks' for the
-    variables it read and updated), with the transfers between them. Only
-    the step's own session.run is traced, not a strategy's loop beside it.
+    variables it read and updated), with the transfers between them. The
+    rounds of `loops` (a strategy's transfer loop beside the step, see
+    `Strategy.traced_loops`) that ran while the traced steps did are in the
+    same files, on the same clock.
     """
 
-    def __init__(self, directory: str, steps: int, after_steps: int, global_step: tf.Tensor):
+    def __init__(
+        self, directory: str, steps: int, after_steps: int, global_step: tf.Tensor, loops: Sequence = ()
+    ):
         self._directory, self._steps, self._after = directory, steps, after_steps
         self._global_step = global_step
+        self._loops = list(loops)
         self._local = 0
         self.written: list[str] = []
 
@@ -267,6 +272,9 @@ class TraceHook(v1.train.SessionRunHook):
     def before_run(self, run_context):
         if not self._tracing():
             return None
+        if self._local == self._after:
+            for loop in self._loops:  # the rounds beside the traced steps (about one per step)
+                loop.trace(self._steps + 1)
         options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
         return v1.train.SessionRunArgs(self._global_step, options=options)
 
@@ -278,8 +286,12 @@ class TraceHook(v1.train.SessionRunHook):
 
         os.makedirs(self._directory, exist_ok=True)
         path = os.path.join(self._directory, f"trace_step_{int(run_values.results)}.json")
+        stats = run_values.run_metadata.step_stats
+        for loop in self._loops:  # the rounds that ended during this step, on the same clock
+            for rounds in loop.take_traces():
+                stats.dev_stats.extend(rounds.dev_stats)
         with open(path, "w") as f:
-            f.write(timeline.Timeline(run_values.run_metadata.step_stats).generate_chrome_trace_format())
+            f.write(timeline.Timeline(stats).generate_chrome_trace_format())
         self.written.append(path)
         log.info("step trace: %s", path)
 

@@ -250,7 +250,9 @@ def monitored_session(
     if settings.trace_steps:
         task_dir = metrics.task_logdir(logdir, job, index)
         all_hooks.append(
-            metrics.TraceHook(task_dir, settings.trace_steps, settings.log_every_steps, global_step)
+            metrics.TraceHook(
+                task_dir, settings.trace_steps, settings.log_every_steps, global_step, strategy.traced_loops()
+            )
         )
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)

@@ -55,6 +55,33 @@ def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
     assert "busiest PS / mean" in chief_log  # the placement report, printed by the chief
 
 
+def test_overlap_trace_shows_the_transfer_loop_beside_the_step(tmp_path):
+    """With overlap a step never touches the PS: its trace must carry the loop's rounds too."""
+    cluster, codes = run_cluster(
+        tmp_path,
+        MLP,
+        num_ps=1,
+        num_workers=1,
+        gin_params=[
+            "TrainConfig.train_steps=40",
+            "TrainConfig.log_every_steps=10",
+            "TrainConfig.trace_steps=3",
+            "AsyncParameterServer.overlap=True",
+            "AsyncParameterServer.piece_bytes=4096",
+        ],
+    )
+    assert all(code == 0 for code in codes.values()), describe_failure(cluster) + str(codes)
+    traces = glob.glob(os.path.join(cluster.logdir, "tasks", "worker_0", "trace_step_*.json"))
+    assert len(traces) == 3
+    ops = []
+    for trace in traces:
+        ops += [e["args"] for e in json.load(open(trace))["traceEvents"] if e.get("ph") == "X"]
+    names = {(a["name"].split("/")[0], a["op"]) for a in ops}
+    assert ("pull", "AssignVariableOp") in names  # the loop's pulls into the worker's copies
+    assert any(op.startswith("ResourceApply") for _, op in names)  # the loop's updates, on the PS
+    assert any(name.startswith("fc") for name, _ in names)  # the step's own compute
+
+
 def test_restart_resumes_from_the_latest_checkpoint(tmp_path):
     first, codes = run_cluster(
         tmp_path, MLP, num_ps=1, num_workers=1, gin_params=["TrainConfig.train_steps=20"]
