@@ -171,7 +171,10 @@ def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str
             f"  {name:14s} {r['local_steps']:7d} {r['examples_per_sec']:13.1f} {r['final_loss']:11.4f}"
         )
     chief = [r for r in results.values() if r.get("chief")]
-    if chief:
+    if results and not any(r["local_steps"] for r in results.values()):
+        step = max(r["global_step"] for r in results.values())
+        lines.append(f"  nothing trained: the global step was already {step} (a finished run in {logdir})")
+    elif chief:
         lines.append(
             f"  global step {chief[0]['global_step']}, cluster examples/sec "
             f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)"

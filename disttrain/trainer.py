@@ -109,6 +109,25 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
             ) from None
 
 
+class _StopAtStep(v1.train.StopAtStepHook):
+    """TF's StopAtStepHook, which also stops before the first step if the global step is already there.
+
+    TF's checks only after each step, so a run restarted on a finished run's
+    log directory trained one step past the end and measured its throughput
+    from that one step.
+    """
+
+    def after_create_session(self, session, coord):
+        super().after_create_session(session, coord)
+        step = int(session.run(self._global_step_tensor))
+        if step >= self._last_step:
+            log.info(
+                f"global step {step} is already at the last step ({self._last_step}): nothing to train "
+                "(the log directory holds a finished run: raise the step count or give a new log directory)"
+            )
+            coord.request_stop()
+
+
 class _LostPeerLog(logging.Filter):
     """Keeps the errors behind MonitoredSession's silent session re-creation.
 
@@ -246,7 +265,7 @@ def monitored_session(
     )
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
-    all_hooks = [*strategy.hooks(), v1.train.StopAtStepHook(last_step=steps), throughput, *hooks]
+    all_hooks = [*strategy.hooks(), _StopAtStep(last_step=steps), throughput, *hooks]
     if settings.trace_steps:
         task_dir = metrics.task_logdir(logdir, job, index)
         all_hooks.append(

@@ -95,6 +95,15 @@ def test_restart_resumes_from_the_latest_checkpoint(tmp_path):
     assert tf.train.load_checkpoint(second.logdir).get_tensor("global_step") >= 30
     # It went on from the checkpoint, not from 0: it ran only the remaining steps.
     assert read_results(second.logdir)["worker_0"]["local_steps"] <= 30 - step1 + 1
+    # Once more on the finished run: nothing to train, not one step past the end.
+    step2 = tf.train.load_checkpoint(second.logdir).get_tensor("global_step")
+    third, codes = run_cluster(
+        tmp_path, MLP, num_ps=1, num_workers=1, gin_params=["TrainConfig.train_steps=30"]
+    )
+    assert set(codes.values()) == {0}, describe_failure(third)
+    assert read_results(third.logdir)["worker_0"]["local_steps"] == 0
+    assert tf.train.load_checkpoint(third.logdir).get_tensor("global_step") == step2
+    assert "nothing to train" in open(third.chief_task.log_path).read()
 
 
 def test_separate_chief_and_evaluator(tmp_path):
