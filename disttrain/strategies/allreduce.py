@@ -22,8 +22,9 @@ import itertools
 import tensorflow as tf
 
 from disttrain.errors import ConfigError
+from disttrain.strategies import autotune as tuning
 from disttrain.strategies import sparse
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.base import Strategy, _ancestors
 
 v1 = tf.compat.v1
 
@@ -51,6 +52,35 @@ def make_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
+def weight_gradients_first(grads: list[tf.Tensor]) -> int:
+    """Make backprop compute each gradient, in the order given, before the work only later ones need.
+
+    Adds control inputs to the graph: an op that later gradients need and
+    that consumes what the earlier ones were computed from (the gradient of
+    an earlier layer's activations) waits for the earlier gradient. A
+    backprop step produces a layer's weight gradient and the gradient flowing
+    back to the layer below; TF runs them in any order, and on one inter-op
+    thread the all-reduce of the weight gradient then waits for the whole
+    rest of backprop. Ops inside v1 control-flow contexts are left alone.
+    Returns how many control inputs were added.
+    """
+    tensors = [g for g in grads if isinstance(g, tf.Tensor)]
+    needed = set().union(*(_ancestors(g.op) for g in tensors)) if tensors else set()
+    seen: set[tf.Operation] = set()
+    waiting: set[tf.Operation] = set()  # needed later, fed by what is computed so far
+    added = 0
+    for grad in tensors[:-1]:
+        new = _ancestors(grad.op) - seen
+        seen |= new
+        waiting |= {consumer for op in new for out in op.outputs for consumer in out.consumers()}
+        waiting = {op for op in waiting if op in needed and op not in seen}
+        for op in sorted(waiting, key=lambda o: o.name):
+            if op._control_flow_context is None and grad.op._control_flow_context is None:
+                op._add_control_input(grad.op)
+                added += 1
+    return added
+
+
 def _flatten(tensors):
     return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
 
@@ -74,8 +104,11 @@ def all_reduce_mean(
 
     Every replica must call this with tensors of the same shapes and dtypes in
     the same order, and the same `instance_keys` (an iterator of ints), so
-    that their collectives pair up. Buckets are reduced last-variable first
-    (the order backprop produces them) and one after the other. `max_subdivs`
+    that their collectives pair up. Buckets are formed last-variable first
+    (the order backprop produces them) and each starts as soon as its
+    gradients are there, beside the others (distinct instance keys pair
+    them, not the order; chaining them made a bucket wait for the previous
+    one to finish, by then the compute thread was busy). `max_subdivs`
     caps how many pieces TF's ring splits each bucket into, to keep more of
     it in flight at once (-1: TF's default).
     """
@@ -87,7 +120,6 @@ def all_reduce_mean(
     by_dtype: dict[tf.DType, list[int]] = {}
     for i in order:
         by_dtype.setdefault(grads[i].dtype, []).append(i)
-    previous = None
     for dtype, indices in by_dtype.items():
         sizes = [grads[i].shape.num_elements() * dtype.size for i in indices]
         for bucket in make_buckets(sizes, bucket_bytes):
@@ -97,19 +129,17 @@ def all_reduce_mean(
                 flat = _flatten([grads[i] for i in members])
                 if transfer_dtype is not None and dtype == tf.float32:
                     flat = tf.cast(flat, transfer_dtype)
-                with tf.control_dependencies([previous] if previous is not None else []):
-                    summed = tf.raw_ops.CollectiveReduceV2(
-                        input=flat,
-                        group_size=group_size,
-                        group_key=group_key,
-                        instance_key=key,
-                        ordering_token=[],
-                        merge_op="Add",
-                        final_op="Id",
-                        communication_hint=communication_hint,
-                        max_subdivs_per_device=max_subdivs,
-                    )
-                previous = summed
+                summed = tf.raw_ops.CollectiveReduceV2(
+                    input=flat,
+                    group_size=group_size,
+                    group_key=group_key,
+                    instance_key=key,
+                    ordering_token=[],
+                    merge_op="Add",
+                    final_op="Id",
+                    communication_hint=communication_hint,
+                    max_subdivs_per_device=max_subdivs,
+                )
                 mean = tf.cast(summed, dtype) / tf.constant(group_size, dtype)
                 for i, part in zip(members, _unflatten(mean, [grads[i].shape for i in members]), strict=True):
                     out[i] = part
@@ -208,6 +238,16 @@ class SyncAllReduce(Strategy):
       gradients instead (it rides in a bucket, where rows would cost their
       own collectives). 256 KiB by default: a table that small adds at most
       1/16 of a default bucket.
+    autotune: pick bucket_bytes and max_subdivs at start-up: the graph holds
+      the all-reduce for every candidate (the configured setting first, used
+      until tuned, then `autotune_grid`), and when the session starts every
+      replica times each candidate over zeros of the gradients' shapes and
+      all take the one fastest summed over the replicas (logged).
+      `bucket_bytes` still sizes the initial broadcast.
+    autotune_grid: (bucket_bytes, max_subdivs) pairs to try (max_subdivs
+      None: TF's default); None: 4, 32 and 128 MiB, each with TF's default
+      and 8 pieces.
+    autotune_runs: timed all-reduces per candidate (after one untimed).
 
     One increment of the global step consumes N x batch x towers examples.
     The cluster needs no 'ps' job. Every task's server and session must use
@@ -217,6 +257,9 @@ class SyncAllReduce(Strategy):
 
     uses_ps = False
     recovers_in_process = False
+    # Each weight gradient as soon as it is computed (TF's gating would hold a layer's weight
+    # gradient until the gradient flowing to the layer below is computed too).
+    gate_gradients = v1.train.Optimizer.GATE_NONE
 
     def __init__(
         self,
@@ -227,6 +270,9 @@ class SyncAllReduce(Strategy):
         communication_hint: str = "auto",
         max_subdivs: int | None = None,
         densify_below_bytes: int = 2**18,
+        autotune: bool = False,
+        autotune_grid=None,
+        autotune_runs: int = 2,
     ):
         super().__init__(cluster, num_towers)
         self.densify_below_bytes = int(densify_below_bytes)
@@ -245,6 +291,11 @@ class SyncAllReduce(Strategy):
         self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
         self.communication_hint = communication_hint
         self._keys = None
+        self.tuner: tuning.Autotuner | None = None
+        if autotune:
+            first = tuning.Setting(self.bucket_bytes, self.max_subdivs)
+            settings = tuning.candidates(first, autotune_grid)
+            self.tuner = tuning.Autotuner(settings, self.group_size, GROUP_KEY, autotune_runs)
 
     @property
     def group_size(self) -> int:
@@ -271,14 +322,24 @@ class SyncAllReduce(Strategy):
                 instance_keys=self._keys,
                 communication_hint=self.communication_hint,
             )
-            with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
-                reduced = all_reduce_mean(
-                    [grads[i] for i in dense],
+
+            def reduce_dense(tensors, setting: tuning.Setting, keys):
+                return all_reduce_mean(
+                    tensors,
                     self.group_size,
-                    self.bucket_bytes,
-                    max_subdivs=self.max_subdivs,
-                    **common,
+                    setting.bucket_bytes,
+                    max_subdivs=setting.max_subdivs,
+                    **{**common, "instance_keys": keys},
                 )
+
+            dense_grads = [grads[i] for i in dense]
+            weight_gradients_first(list(reversed(dense_grads)))  # the order they are reduced in
+            with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
+                if self.tuner is not None:
+                    reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys)
+                else:
+                    configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
+                    reduced = reduce_dense(dense_grads, configured, self._keys)
                 gathered = all_gather_mean(
                     [grads[i] for i in rows],
                     self.group_size,
@@ -296,6 +357,10 @@ class SyncAllReduce(Strategy):
             return grad
         grad = tf.convert_to_tensor(grad)
         return grad if grad.shape.is_fully_defined() else tf.reshape(grad, var.shape)
+
+    def hooks(self) -> list:
+        """The autotuner's search at session start, when there is one and other replicas."""
+        return [self.tuner.hook()] if self.tuner is not None and self.group_size > 1 else []
 
     # ---- sessions ----------------------------------------------------------
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import SyncAllReduce, SyncParameterServer, allreduce
+from disttrain.strategies import SyncAllReduce, SyncParameterServer, allreduce, autotune
 from model_zoo.mlp import MLP
 
 v1 = tf.compat.v1
@@ -178,6 +178,86 @@ def test_all_reduce_bad_settings_are_clear_errors():
         SyncAllReduce(chief_cluster(), communication_hint="mpi")
     with pytest.raises(ConfigError, match="max_subdivs must be >= 1"):
         SyncAllReduce(chief_cluster(), max_subdivs=0)
+
+
+def test_all_reduce_bad_autotune_settings_are_clear_errors():
+    with pytest.raises(ConfigError, match="autotune_runs must be >= 1, got 0"):
+        SyncAllReduce(chief_cluster(), autotune=True, autotune_runs=0)
+    with pytest.raises(ConfigError, match="autotune_grid is empty"):
+        SyncAllReduce(chief_cluster(), autotune=True, autotune_grid=())
+    with pytest.raises(ConfigError, match=r"autotune setting \(0, 8\): bucket_bytes must be an int >= 1"):
+        SyncAllReduce(chief_cluster(), autotune=True, autotune_grid=((0, 8),))
+    with pytest.raises(ConfigError, match=r"autotune setting \(1024, 0\): max_subdivs must be"):
+        SyncAllReduce(chief_cluster(), autotune=True, autotune_grid=((1024, 0),))
+    with pytest.raises(ConfigError, match="autotune setting 1024: expected a"):
+        SyncAllReduce(chief_cluster(), autotune=True, autotune_grid=(1024,))
+
+
+def test_autotune_candidates_start_with_the_configured_setting_once():
+    strategy = SyncAllReduce(
+        chief_cluster(),
+        bucket_bytes=1024,
+        autotune=True,
+        autotune_grid=((2048, None), (1024, None), (1024, 4)),
+    )
+    assert [(s.bucket_bytes, s.max_subdivs) for s in strategy.tuner.settings] == [
+        (1024, -1),
+        (2048, -1),
+        (1024, 4),
+    ]
+    # The default setting (4 MiB, TF's pieces) is in the default grid: first, and not twice.
+    assert SyncAllReduce(chief_cluster(), autotune=True).tuner.settings == list(autotune.DEFAULT_GRID)
+    assert SyncAllReduce(chief_cluster()).tuner is None and SyncAllReduce(chief_cluster()).hooks() == []
+
+
+def test_autotuned_all_reduce_is_exact_whichever_candidate_is_chosen():
+    """Two replicas on two virtual CPUs, each with its own tuner; both switched to each candidate in turn."""
+    rng = np.random.default_rng(2)
+    shapes = [(3, 4), (4,), (5, 2, 2), (7,)]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
+    settings = [autotune.Setting(64), autotune.Setting(1 << 20, 4), autotune.Setting(16, 1)]
+
+    def reduce_fn(tensors, setting, keys):
+        return allreduce.all_reduce_mean(
+            tensors, 2, setting.bucket_bytes, None, keys, max_subdivs=setting.max_subdivs
+        )
+
+    with tf.Graph().as_default() as graph:
+        tuners, outs = [], []
+        for device in range(2):
+            with tf.device(f"/device:CPU:{device}"), v1.variable_scope(f"replica_{device}"):
+                tuner = autotune.Autotuner(settings, group_size=2, group_key=1)
+                outs.append(
+                    tuner.reduce([tf.constant(g) for g in grads[device]], reduce_fn, itertools.count(1))
+                )
+                tuners.append(tuner)
+        # In the graph itself only the probes and the agreement: the candidates' sit in the switch's branches.
+        assert {op.name.split("/")[1] for op in ops_of(graph, "CollectiveReduceV2")} == {"autotune"}
+        with v1.Session(graph=graph, config=v1.ConfigProto(device_count={"CPU": 2})) as session:
+            session.run(v1.local_variables_initializer())
+            for k in [0, 1, 2, 1, 0]:
+                for tuner in tuners:
+                    session.run(tuner._set_index, {tuner._chosen_ph: k})
+                out0, out1 = session.run(outs)
+                for x, y, r0, r1 in zip(*grads, out0, out1, strict=True):
+                    np.testing.assert_allclose(r0, (x + y) / 2, rtol=1e-6)
+                    np.testing.assert_array_equal(r0, r1)
+            # Both replicas' probes of one candidate run together, as tune() runs them on every task.
+            session.run([tuners[0]._probes[1], tuners[1]._probes[1]])
+
+
+def test_all_reduce_computes_each_weight_gradient_before_the_layers_below():
+    """Ungated gradients, and the gradient flowing to fc1 waits for the logits' weight gradient.
+
+    On one inter-op thread TF may otherwise compute the activations' gradient
+    first, and the all-reduce of the logits' weights waits for it.
+    """
+    graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256))
+    to_fc1 = graph.get_operation_by_name("gradients/logits/MatMul_grad/MatMul")  # d loss / d fc1's output
+    weights = graph.get_operation_by_name("gradients/logits/MatMul_grad/MatMul_1")
+    assert weights in to_fc1.control_inputs
+    assert not [op for op in graph.get_operations() if "tuple/group_deps" in op.name]  # GATE_NONE
+    # It runs (no cycle): tests/cluster/test_autotune.py and test_sync.py train such graphs.
 
 
 def test_all_reduce_passes_the_subdivision_cap_to_every_collective():
