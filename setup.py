@@ -57,6 +57,7 @@ setup(
             "disttrain-train=disttrain.scripts.train:run",
             "disttrain-launch-local=disttrain.scripts.launch_local:run",
             "disttrain-benchmark=disttrain.scripts.benchmark:run",
+            "disttrain-plan=disttrain.scripts.plan:run",
         ]
     },
 )

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 DEDICATED, COLOCATED, RING = "dedicated", "colocated", "ring"
 LAYOUTS = (DEDICATED, COLOCATED, RING)
@@ -173,6 +174,42 @@ def _check(layout: str, dense_bytes: float, sparse_bytes: float, workers: int, p
         raise ValueError(f"colocated PS needs ps <= workers (one PS per worker host), got {ps} > {workers}")
 
 
+def ps_host_bytes(
+    workers_per_host: Sequence[int], ps_host: Sequence[int], per_ps_bytes: Sequence[float]
+) -> list[float]:
+    """Each host's link bytes per round, each way, in a PS layout of any shape.
+
+    `workers_per_host[h]`: workers on host h (k_h); `ps_host[j]`: the host of PS
+    task j; `per_ps_bytes[j]`: what one worker step pulls from PS j, and pushes
+    back to it (s_j; balanced placement: S/P each). With W workers in all and
+    F_h the bytes of the PS tasks on host h, host h's link carries its own
+    workers' traffic with the other hosts' PS, k_h (S - F_h), and its PS tasks'
+    traffic with the other hosts' workers, (W - k_h) F_h, each way. The layouts
+    of `link_loads` are special cases; the planner (disttrain.plan) gives it
+    several workers per host, several PS per host, and unequal PS.
+    """
+    if len(ps_host) != len(per_ps_bytes):
+        raise ValueError(f"{len(ps_host)} PS hosts but {len(per_ps_bytes)} PS byte counts")
+    if any(not 0 <= h < len(workers_per_host) for h in ps_host):
+        raise ValueError(f"a PS host is out of range: {list(ps_host)} for {len(workers_per_host)} hosts")
+    total_workers = sum(workers_per_host)
+    total = float(sum(per_ps_bytes))
+    on_host = [0.0] * len(workers_per_host)
+    for h, s in zip(ps_host, per_ps_bytes, strict=True):
+        on_host[h] += s
+    return [k * (total - f) + (total_workers - k) * f for k, f in zip(workers_per_host, on_host, strict=True)]
+
+
+def ring_host_bytes(workers: int, dense_bytes: float, sparse_bytes: float = 0.0) -> float:
+    """A ring all-reduce host link's bytes per round, each way: 2D(N-1)/N + (N-1)R (module doc).
+
+    `workers` are the ring's members, one per host; with several members on a
+    host, only its one outgoing ring edge crosses its link, which carries the same.
+    """
+    n = workers
+    return 2 * dense_bytes * (n - 1) / n + (n - 1) * sparse_bytes
+
+
 def link_loads(
     layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0
 ) -> list[LinkLoad]:
@@ -182,15 +219,17 @@ def link_loads(
     """
     _check(layout, dense_bytes, sparse_bytes, workers, ps)
     d, r, n, p = float(dense_bytes), float(sparse_bytes), workers, ps
-    s = d + r
+    if layout == RING:
+        return [LinkLoad("worker", n, ring_host_bytes(n, d, r))]
+    share = [(d + r) / p] * p
     if layout == DEDICATED:
-        return [LinkLoad("worker", n, s), LinkLoad("ps", p, n * s / p)]
-    if layout == COLOCATED:
-        loads = [LinkLoad("worker+ps", p, s + (n - 2) * s / p)]
-        if n > p:
-            loads.append(LinkLoad("worker", n - p, s))
-        return loads
-    return [LinkLoad("worker", n, 2 * d * (n - 1) / n + (n - 1) * r)]
+        hosts = ps_host_bytes([1] * n + [0] * p, [n + j for j in range(p)], share)
+        return [LinkLoad("worker", n, hosts[0]), LinkLoad("ps", p, hosts[n])]
+    hosts = ps_host_bytes([1] * n, list(range(p)), share)  # colocated: PS j on worker j's host
+    loads = [LinkLoad("worker+ps", p, hosts[0])]
+    if n > p:
+        loads.append(LinkLoad("worker", n - p, hosts[p]))
+    return loads
 
 
 def busiest_bytes_per_round(

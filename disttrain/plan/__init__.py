@@ -1,0 +1,16 @@
+"""The scaling planner: predict a cluster before renting it, and say what to change.
+
+    model = plan.models.model_from_config(config, step_time=0.5)       # variables from the gin graph
+    shape = plan.Shape(hosts=8, gpus_per_host=8, ps=8, link_gbit=10)
+    p = plan.predict(model, shape, plan.Strategy("sync_ps"))
+    plan.advice.changes(model, shape, plan.Strategy("sync_ps"))        # ranked by predicted gain
+
+`cost` is the model (pure arithmetic, shared formulas in bench.bound);
+`models` reads a gin experiment's model (TensorFlow, scratch graph);
+`advice` ranks changes; `measured` sets predictions against benchmark
+reports; `published` against published runs; `report` prints and writes JSON.
+"""
+
+from disttrain.plan.cost import Constants, Model, PlanError, Prediction, Shape, Strategy, predict
+
+__all__ = ["Constants", "Model", "PlanError", "Prediction", "Shape", "Strategy", "predict"]

@@ -1,0 +1,141 @@
+"""What to change: every one-step variation of a cluster and strategy, predicted and ranked.
+
+Each change is predicted by the same cost model (`cost.predict`) and ranked
+by its examples/sec over the current layout's. A change that needs more
+hosts (dedicated PS) says so; a bigger batch assumes a step's compute grows
+linearly with the batch, and changes the optimisation (a larger global batch
+needs its learning rate scaled), which the planner cannot judge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from disttrain.plan import cost
+
+BATCH_CHANGE = "twice the batch per GPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One variation: what it is, and its prediction."""
+
+    what: str
+    prediction: cost.Prediction
+    gain: float  # examples/sec over the current layout's
+
+
+def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
+    """(description, model, shape, strategy) for each one-step change that makes sense here."""
+    rep = dataclasses.replace
+    s, k = shape, strategy
+    if k.uses_ps:
+        for ps in sorted({max(1, s.ps // 2), s.ps * 2, s.hosts}):
+            if ps != s.ps and not (s.ps_hosts == cost.COLOCATED and ps > s.hosts * s.workers_per_host):
+                yield f"{ps} PS instead of {s.ps}", model, rep(s, ps=ps), k
+        if s.ps_hosts == cost.DEDICATED:
+            yield "PS colocated on the worker hosts", model, rep(s, ps_hosts=cost.COLOCATED), k
+        else:
+            yield (
+                f"PS on {s.ps} dedicated hosts of their own (+{s.ps} hosts)",
+                model,
+                rep(s, ps_hosts=cost.DEDICATED),
+                k,
+            )
+        if k.placement == cost.ROUND_ROBIN:
+            yield "disttrain's placement instead of round robin", model, s, rep(k, placement=cost.DISTTRAIN)
+        yield (
+            "all-reduce instead of PS",
+            model,
+            rep(s, ps=0),
+            cost.Strategy(cost.ALLREDUCE, transfer_bits=k.transfer_bits),
+        )
+        if k.kind == cost.SYNC_PS:
+            yield (
+                "async PS with overlap instead of sync PS",
+                model,
+                s,
+                rep(k, kind=cost.ASYNC_PS, overlap=True),
+            )
+        if k.kind == cost.ASYNC_PS and not k.overlap:
+            yield "async PS with overlap=True", model, s, rep(k, overlap=True)
+    else:
+        for factor, word in ((4, "larger"), (0.25, "smaller")):
+            bucket = int(k.bucket_bytes * factor)
+            yield f"{bucket / 2**20:g} MiB buckets ({word})", model, s, rep(k, bucket_bytes=bucket)
+        ps = s.hosts
+        yield (
+            f"async PS with overlap, {ps} PS colocated, instead of all-reduce",
+            model,
+            rep(s, ps=ps, ps_hosts=cost.COLOCATED),
+            cost.Strategy(cost.ASYNC_PS, overlap=True),
+        )
+    if not s.towers and s.gpus_per_host > 1:
+        ps = min(s.ps, s.hosts) if s.ps_hosts == cost.COLOCATED else s.ps
+        yield (
+            "one worker per host with a tower per GPU, instead of a worker per GPU",
+            model,
+            rep(s, towers=True, ps=ps),
+            k,
+        )
+    if k.transfer_bits == 32 and (k.kind != cost.ASYNC_PS or k.overlap):
+        yield "16-bit transfer", model, s, rep(k, transfer_bits=16)
+    yield (
+        f"{BATCH_CHANGE} (compute assumed linear in the batch)",
+        model.replace(step_time=model.step_time * 2, batch_size=model.batch_size * 2),
+        s,
+        k,
+    )
+
+
+def changes(
+    model: cost.Model,
+    shape: cost.Shape,
+    strategy: cost.Strategy,
+    constants: cost.Constants = cost.DEFAULTS,
+    current: cost.Prediction | None = None,
+) -> list[Change]:
+    """Every variation's prediction, best gain first (including those that lose)."""
+    current = current or cost.predict(model, shape, strategy, constants)
+    found = []
+    for what, m, s, k in _variations(model, shape, strategy):
+        try:
+            p = cost.predict(m, s, k, constants)
+        except cost.PlanError:
+            continue  # not a valid layout for this cluster (e.g. backup workers > workers)
+        found.append(Change(what, p, p.examples_per_sec / current.examples_per_sec))
+    return sorted(found, key=lambda c: -c.gain)
+
+
+def best_layout(
+    model: cost.Model,
+    shape: cost.Shape,
+    strategy: cost.Strategy,
+    constants: cost.Constants = cost.DEFAULTS,
+    rounds: int = 4,
+    min_gain: float = 1.02,
+    keep_sync: bool = True,
+) -> tuple[cost.Prediction, list[str]]:
+    """Apply the best change again and again (at most `rounds`, each gaining `min_gain` or more).
+
+    The batch is left alone (a larger global batch is an optimisation choice,
+    not a layout), and with `keep_sync` a synchronous run stays synchronous
+    (async PS trains differently). Returns the final prediction and the
+    changes, in order.
+    """
+    synchronous = strategy.kind != cost.ASYNC_PS
+    current = cost.predict(model, shape, strategy, constants)
+    steps: list[str] = []
+    for _ in range(rounds):
+        options = [
+            c
+            for c in changes(model, shape, strategy, constants, current)
+            if not c.what.startswith(BATCH_CHANGE)
+            and not (keep_sync and synchronous and c.prediction.strategy.kind == cost.ASYNC_PS)
+        ]
+        if not options or options[0].gain < min_gain:
+            break
+        best = options[0]
+        steps.append(best.what)
+        current, shape, strategy = best.prediction, best.prediction.shape, best.prediction.strategy
+    return current, steps

@@ -1,0 +1,552 @@
+"""The planner's cost model: a cluster's step time from its shape, its links and one GPU's step.
+
+Pure functions on numbers (no TensorFlow). It carries DESIGN.md's
+performance model, and what the benchmark measured on emulated hosts, to
+shapes that cannot be measured here:
+
+- bytes per host link per round (one step of every worker), each way, for
+  any PS layout (workers and PS tasks on any hosts, unequal PS) or a ring
+  (`bench.bound.ps_host_bytes`, `bench.bound.ring_host_bytes`, shared with
+  the benchmark's bound);
+- links are full duplex: a round's pushes and pulls of different workers
+  share a link's two directions, so the busiest link costs its bytes once;
+- what a strategy overlaps: async PS with `overlap` runs its transfers beside
+  the step (push then pull, serially, in a loop; a table's rows are still
+  looked up inside the step); plain async pulls before
+  the step and pushes during backprop; sync PS pushes during backprop and
+  pulls after every replica has pushed; all-reduce sends its buckets as
+  backprop makes them, one bucket's ring after another;
+- per-message cost: each tensor (PS) or ring hop (all-reduce) costs
+  `per_message_s` of CPU, and each dependent round trip `2 x latency`;
+- gRPC's CPU: `rpc_cpu_s_per_byte` at each end of every byte (the link's and
+  between tasks on one host), against what one PS task gets done at once
+  (`Constants.ps_cores`), the cores a host gives its transfers, or one
+  machine's cores when emulated hosts share it.
+
+What it does not model: stragglers and step-time variance, TCP's slow start
+and congestion between many flows beyond `Constants.goodput`, the PS's
+optimizer updates and sparse work (unique, gathers, sparse applies),
+stale-gradient effects on convergence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+from disttrain.bench import bound as bound_lib
+from disttrain.errors import ConfigError
+
+ASYNC_PS, SYNC_PS, ALLREDUCE = "async_ps", "sync_ps", "allreduce"
+STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE)
+DISTTRAIN, ROUND_ROBIN = "disttrain", "round_robin"
+PLACEMENTS = (DISTTRAIN, ROUND_ROBIN)
+COLOCATED, DEDICATED = bound_lib.COLOCATED, bound_lib.DEDICATED
+PS_HOSTS = (COLOCATED, DEDICATED)
+
+
+class PlanError(ConfigError):
+    """An impossible cluster or strategy; the message names it and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Constants:
+    """What the model cannot derive, each measured on this project's machine (BUILD_NOTES.md).
+
+    goodput: TCP's share of a shaped link's rate (tbf counts headers too;
+      tests/netem measured ~0.95).
+    rpc_cpu_s_per_byte: CPU of TF's gRPC per byte at each end: 1.4 ms per MB,
+      from the tasks' CPU seconds per step in the benchmark's emulated runs
+      (DESIGN.md's earlier estimate: ~2).
+    per_message_s: CPU per tensor sent or received over gRPC (measured here:
+      1,000 small variables read in one run, ~0.26 ms each).
+    forward_fraction: the forward pass's share of a step (backprop ~2x forward).
+    ps_cores: cores' worth of that gRPC work one PS task gets done at once
+      (None: no limit): a PS serving many workers saturates its process
+      before its link. 1.4 reproduces the one-host rows of the seed's report
+      (8 and 16 workers, one PS, no network: 68% and 35% efficiency; the
+      model gives 61% and 37%); BUILD_NOTES.md.
+    """
+
+    goodput: float = 0.95
+    rpc_cpu_s_per_byte: float = 1.4e-3 / 1e6
+    per_message_s: float = 2.6e-4
+    forward_fraction: float = 1 / 3
+    ps_cores: float | None = 1.4
+
+
+DEFAULTS = Constants()
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A cluster: hosts, GPUs, where workers and PS tasks run, the links.
+
+    towers: one worker per host with a tower per GPU (gradients summed on the
+      host before they cross the network); False: one worker per GPU.
+    ps_hosts: 'colocated' (PS j on host j mod hosts) or 'dedicated' (each PS
+      on a host of its own, in addition to `hosts`).
+    link_gbit: per host, each direction (full duplex); None: unlimited.
+    latency_ms: one way, per message.
+    host_cores: cores a host's transfers may use (None: CPU is no limit).
+    shared_cores: every host shares this many cores (emulated hosts on one
+      machine); compute_on_cpu: the step computes on those cores too.
+    """
+
+    hosts: int
+    gpus_per_host: int = 1
+    towers: bool = True
+    ps: int = 0
+    ps_hosts: str = COLOCATED
+    link_gbit: float | None = 10.0
+    latency_ms: float = 0.0
+    host_cores: float | None = None
+    shared_cores: float | None = None
+    compute_on_cpu: bool = False
+
+    @property
+    def workers_per_host(self) -> int:
+        return 1 if self.towers else self.gpus_per_host
+
+    @property
+    def workers(self) -> int:
+        return self.hosts * self.workers_per_host
+
+    @property
+    def towers_per_worker(self) -> int:
+        return self.gpus_per_host if self.towers else 1
+
+    @property
+    def gpus(self) -> int:
+        return self.hosts * self.gpus_per_host
+
+    def describe(self) -> str:
+        per = f"{self.gpus_per_host} GPU(s) per host" + (
+            ", one worker per host with a tower per GPU" if self.towers else ", one worker per GPU"
+        )
+        ps = "no PS" if not self.ps else f"{self.ps} PS {self.ps_hosts}"
+        link = "unlimited links" if self.link_gbit is None else f"{self.link_gbit:g} Gbit/s links"
+        lat = f", {self.latency_ms:g} ms latency" if self.latency_ms else ""
+        return f"{self.hosts} host(s), {per}, {ps}, {link}{lat}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A replica strategy and its settings, as the cost model sees it."""
+
+    kind: str = ASYNC_PS
+    overlap: bool = False  # AsyncParameterServer(overlap=True)
+    bucket_bytes: int = 4 * 2**20  # SyncAllReduce
+    transfer_bits: int = 32  # 16: bfloat16/float16 on the wire
+    backup_workers: int = 0  # SyncParameterServer
+    placement: str = DISTTRAIN  # or TF's round robin
+
+    @property
+    def uses_ps(self) -> bool:
+        return self.kind != ALLREDUCE
+
+    def describe(self) -> str:
+        parts = [self.kind]
+        if self.kind == ASYNC_PS and self.overlap:
+            parts.append("overlap")
+        if self.kind == ALLREDUCE:
+            parts.append(f"{self.bucket_bytes / 2**20:g} MiB buckets")
+        if self.transfer_bits == 16:
+            parts.append("16-bit transfer")
+        if self.backup_workers:
+            parts.append(f"{self.backup_workers} backup worker(s)")
+        if self.uses_ps:
+            parts.append(f"{self.placement} placement")
+        return ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class PsLayout:
+    """How a placement spreads a model over P PS tasks.
+
+    shares[j]: PS j's part of the dense bytes a step moves; tensors[j]: the
+    pieces on it (one message each per pull and per push); balance: the
+    placement's busiest PS over the mean, all variable bytes counted (as the
+    chief's placement report gives it).
+    """
+
+    shares: tuple[float, ...]
+    tensors: tuple[int, ...]
+    balance: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What a step moves: D dense bytes whole, R bytes of table rows; one GPU's step time.
+
+    `layout(P, placement)` gives the PS layout; `tensors` is the number of
+    trainable pieces unsplit (all-reduce fuses them into buckets).
+    """
+
+    name: str
+    dense_bytes: float
+    step_time: float  # C: one GPU's step at `batch_size`, seconds
+    batch_size: int
+    layout: Callable[[int, str], PsLayout]
+    tensors: int
+    sparse_bytes: float = 0.0
+    compute_cpu: float | None = None  # CPU seconds a step's compute takes when on the CPU (None: step_time)
+
+    def replace(self, **changes) -> Model:
+        return dataclasses.replace(self, **changes)
+
+
+def even_layout(tensors: int) -> Callable[[int, str], PsLayout]:
+    """A model of `tensors` equal pieces: every placement balances it exactly (tests, quick sketches)."""
+
+    def layout(ps: int, placement: str) -> PsLayout:
+        del placement
+        counts = [tensors // ps + (j < tensors % ps) for j in range(ps)]
+        return PsLayout(tuple(c / tensors for c in counts), tuple(counts), max(counts) * ps / tensors)
+
+    return layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    host: int
+    roles: str  # "worker0-7+ps0"
+    bytes_per_round: float  # each way
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The predicted run: per-link bytes, time terms, throughput and what limits it."""
+
+    shape: Shape
+    strategy: Strategy
+    model: str
+    links: tuple[Link, ...]
+    ps_balance: float | None
+    terms: dict  # seconds per round, by name: compute, worker path, busiest link, CPU, ...
+    round_time: float  # seconds per round (one step of every worker)
+    examples_per_sec: float
+    replica_steps_per_sec: float  # batches per second, whole cluster
+    efficiency: float  # against N x one GPU alone
+    bottleneck: str
+
+    @property
+    def busiest_link(self) -> Link:
+        return max(self.links, key=lambda link: link.bytes_per_round)
+
+    @property
+    def mean_link_bytes(self) -> float:
+        return sum(x.bytes_per_round for x in self.links) / len(self.links) if self.links else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "cluster": dataclasses.asdict(self.shape) | {"workers": self.shape.workers},
+            "strategy": dataclasses.asdict(self.strategy),
+            "busiest_link": {"host": self.busiest_link.host, "roles": self.busiest_link.roles}
+            if self.links
+            else None,
+            "busiest_link_bytes_per_round": self.busiest_link.bytes_per_round if self.links else 0.0,
+            "mean_link_bytes_per_round": self.mean_link_bytes,
+            "links": [dataclasses.asdict(x) for x in self.links],
+            "ps_balance": self.ps_balance,
+            "terms_seconds": self.terms,
+            "round_time_seconds": self.round_time,
+            "examples_per_sec": self.examples_per_sec,
+            "replica_steps_per_sec": self.replica_steps_per_sec,
+            "scaling_efficiency": self.efficiency,
+            "bottleneck": self.bottleneck,
+        }
+
+
+def check(shape: Shape, strategy: Strategy) -> None:
+    """Raise PlanError naming the first impossible setting and how to fix it."""
+    if shape.hosts < 1:
+        raise PlanError(f"hosts={shape.hosts}: a cluster needs at least 1 host")
+    if shape.gpus_per_host < 1:
+        raise PlanError(f"gpus_per_host={shape.gpus_per_host}: need at least 1 GPU per host")
+    if strategy.kind not in STRATEGIES:
+        raise PlanError(f"unknown strategy {strategy.kind!r}: expected one of {', '.join(STRATEGIES)}")
+    if strategy.placement not in PLACEMENTS:
+        raise PlanError(f"unknown placement {strategy.placement!r}: expected one of {', '.join(PLACEMENTS)}")
+    if shape.ps_hosts not in PS_HOSTS:
+        raise PlanError(f"ps_hosts={shape.ps_hosts!r}: expected one of {', '.join(PS_HOSTS)}")
+    if strategy.uses_ps and shape.ps < 1:
+        raise PlanError(f"{strategy.kind} needs at least 1 PS task: set ps >= 1, or use allreduce")
+    if not strategy.uses_ps and shape.ps:
+        raise PlanError(f"allreduce has no PS tasks, got ps={shape.ps}: set ps=0")
+    if shape.link_gbit is not None and not shape.link_gbit > 0:
+        raise PlanError(f"link_gbit={shape.link_gbit}: must be > 0 (None for unlimited)")
+    if shape.latency_ms < 0:
+        raise PlanError(f"latency_ms={shape.latency_ms}: must be >= 0")
+    if strategy.transfer_bits not in (16, 32):
+        raise PlanError(f"transfer_bits={strategy.transfer_bits}: expected 16 or 32")
+    if strategy.bucket_bytes < 1:
+        raise PlanError(f"bucket_bytes={strategy.bucket_bytes}: must be >= 1")
+    if strategy.kind == SYNC_PS and not 0 <= strategy.backup_workers < shape.workers:
+        raise PlanError(
+            f"backup_workers={strategy.backup_workers} out of range: {shape.workers} worker(s), "
+            f"so between 0 and {shape.workers - 1}"
+        )
+    if strategy.kind == ASYNC_PS and strategy.transfer_bits == 16 and not strategy.overlap:
+        raise PlanError("16-bit transfer with async PS needs overlap=True (AsyncParameterServer)")
+    for name in ("host_cores", "shared_cores"):
+        value = getattr(shape, name)
+        if value is not None and not value > 0:
+            raise PlanError(f"{name}={value}: must be > 0 (None: no CPU limit)")
+
+
+def _hosts(shape: Shape) -> tuple[list[int], list[int], list[str]]:
+    """Workers per host, the host of each PS task, and each host's roles."""
+    k, hosts = shape.workers_per_host, shape.hosts
+    workers = [k] * hosts
+    if shape.ps and shape.ps_hosts == DEDICATED:
+        ps_host = [hosts + j for j in range(shape.ps)]
+        workers += [0] * shape.ps
+    else:
+        ps_host = [j % hosts for j in range(shape.ps)]
+    roles = []
+    for h, count in enumerate(workers):
+        parts = []
+        if count:
+            parts.append(f"worker{h * k}" + (f"-{h * k + count - 1}" if count > 1 else ""))
+        ps = [j for j, at in enumerate(ps_host) if at == h]
+        if ps:
+            parts.append("ps" + ",".join(str(j) for j in ps))
+        roles.append("+".join(parts))
+    return workers, ps_host, roles
+
+
+def pipelined(forward: float, backward: float, comm: float, chunks: int, per_chunk: float) -> float:
+    """Time from a step's start until the last of `chunks` transfers, each sent once backprop made it.
+
+    Chunk i is ready at forward + backward * (i+1)/chunks and takes comm/chunks
+    + per_chunk; one chunk at a time (disttrain chains its all-reduce buckets).
+    """
+    done = 0.0
+    for i in range(chunks):
+        ready = forward + backward * (i + 1) / chunks
+        done = max(done, ready) + comm / chunks + per_chunk
+    return done
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+    """What crosses each host's link and its processes in one round (bytes each way, messages)."""
+
+    link: list[float]  # per host: bytes each way over its link
+    local: list[float]  # per host: bytes each way between tasks on the host (no link, still gRPC)
+    remote: float  # one worker's bytes each way over its own link (the worst host's)
+    rows_remote: float  # of which table rows (a step looks them up inside itself, even with overlap)
+    phase: float  # bytes on the busiest direction of any link while every worker pushes (or pulls)
+    messages: list[float]  # per host: gRPC messages its processes handle
+    ps_work: list[float]  # per PS task: CPU seconds of its own end of every byte and message
+    chunks: int  # transfers a step sends as backprop makes them (PS pieces, all-reduce buckets)
+    hop_chain: int  # hops one after another in one all-reduce bucket (0 for PS)
+
+
+def _ps_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants, dense: float, rows: float):
+    layout = model.layout(shape.ps, strategy.placement)
+    workers_on, ps_host, _ = _hosts(shape)
+    w_total = shape.workers
+    per_ps = [f * dense + shape.towers_per_worker * rows / shape.ps for f in layout.shares]
+    local = [0.0] * len(workers_on)
+    for j, h in enumerate(ps_host):
+        local[h] += workers_on[h] * per_ps[j]
+    remote = max(
+        sum(s for j, s in enumerate(per_ps) if ps_host[j] != h) for h, count in enumerate(workers_on) if count
+    )
+    # While every worker pushes, host h sends its workers' pushes to other hosts' PS and receives
+    # the other workers' pushes to its own PS (a pull phase is the reverse): the two directions of
+    # its link, at once. Workers whose loops contend for a PS fall into step (a convoy), so a
+    # phase lasts as long as the busiest direction of any link needs.
+    on_host = [0.0] * len(workers_on)
+    for j, h in enumerate(ps_host):
+        on_host[h] += per_ps[j]
+    total = sum(per_ps)
+    phase = max(max(k * (total - f), (w_total - k) * f) for k, f in zip(workers_on, on_host, strict=True))
+    row_share = shape.towers_per_worker * rows / shape.ps
+    rows_remote = max(
+        row_share * sum(1 for at in ps_host if at != h) for h, count in enumerate(workers_on) if count
+    )
+    messages = [0.0] * len(workers_on)
+    for j, h in enumerate(ps_host):
+        per_worker = 2 * layout.tensors[j]  # pull and push each piece
+        messages[h] += per_worker * w_total  # the PS's end
+        for g, count in enumerate(workers_on):
+            messages[g] += per_worker * count  # the workers' end
+    ps_work = [
+        w_total * (2 * c.rpc_cpu_s_per_byte * s + 2 * layout.tensors[j] * c.per_message_s)
+        for j, s in enumerate(per_ps)
+    ]
+    traffic = Traffic(
+        link=bound_lib.ps_host_bytes(workers_on, ps_host, per_ps),
+        local=local,
+        remote=remote,
+        rows_remote=rows_remote,
+        phase=phase,
+        messages=messages,
+        ps_work=ps_work,
+        chunks=max(1, min(sum(layout.tensors), 8)),
+        hop_chain=0,
+    )
+    return traffic, layout
+
+
+def _ring_traffic(shape: Shape, strategy: Strategy, dense: float, rows: float) -> Traffic:
+    workers_on, _, _ = _hosts(shape)
+    n = shape.workers
+    ring = [bound_lib.ring_host_bytes(n, dense, shape.towers_per_worker * rows) if n > 1 else 0.0] * len(
+        workers_on
+    )
+    buckets = max(1, math.ceil(dense / strategy.bucket_bytes))
+    hops = 2 * (n - 1) if n > 1 else 0  # a bucket's ring: reduce-scatter then all-gather, hop after hop
+    return Traffic(
+        link=ring,
+        local=[(k - 1) / k * r if k > 1 else 0.0 for k, r in zip(workers_on, ring, strict=True)],
+        remote=ring[0],
+        rows_remote=0.0,
+        phase=0.0,
+        messages=[buckets * hops * 2.0 * k for k in workers_on],
+        ps_work=[],
+        chunks=buckets,
+        hop_chain=hops,
+    )
+
+
+def _worker_path(
+    strategy: Strategy,
+    c: Constants,
+    t: Traffic,
+    compute: float,
+    link_time: list[float],
+    rate: float,
+    one_way: float,
+    steal: float,
+    ps_cpu: float,
+) -> tuple[float, float]:
+    """(a worker's step from start to its last transfer, the part of it that is latency)."""
+    fwd, bwd = compute * c.forward_fraction, compute * (1 - c.forward_fraction)
+    phase = t.phase / rate
+    rtt = 2 * one_way
+    if strategy.kind == ASYNC_PS and strategy.overlap:
+        latency = 2 * rtt  # push, update, pull: in series, beside the step
+        lookup = t.rows_remote / rate + rtt if t.rows_remote else 0.0  # rows: fetched inside the step
+        return max(compute + steal + lookup, 2 * phase + latency), latency
+    if strategy.kind == ASYNC_PS:
+        latency = 2 * rtt  # pull before the step, push during backprop
+        return latency + phase + pipelined(fwd, bwd, phase, t.chunks, 0) + steal, latency
+    if strategy.kind == SYNC_PS:
+        latency = 3 * rtt  # push, the step's token, pull
+        # Every replica pushes at once, then pulls at once: each phase waits for the busiest link
+        # direction, and for the busiest PS's half of its work.
+        both = max(phase, ps_cpu / 2)
+        return latency + pipelined(fwd, bwd, both, t.chunks, 0) + both + steal, latency
+    per_bucket = t.hop_chain * (one_way + c.per_message_s)
+    return pipelined(fwd, bwd, max(link_time), t.chunks, per_bucket) + steal, t.chunks * per_bucket
+
+
+def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants = DEFAULTS) -> Prediction:
+    """One round of `shape` training `model` with `strategy`, and what limits it (see module doc)."""
+    check(shape, strategy)
+    c = constants
+    width = 0.5 if strategy.transfer_bits == 16 else 1.0
+    dense, rows = model.dense_bytes * width, model.sparse_bytes * width
+    rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
+    layout = None
+    if strategy.uses_ps:
+        t, layout = _ps_traffic(model, shape, strategy, c, dense, rows)
+    else:
+        t = _ring_traffic(shape, strategy, dense, rows)
+    _, _, roles = _hosts(shape)
+    compute = model.step_time
+    link_time = [b / rate for b in t.link]
+    busiest = max(range(len(t.link)), key=lambda h: t.link[h])
+    terms = {"compute": compute, "busiest link": link_time[busiest]}
+
+    # gRPC's CPU: every byte at both ends (a link byte once here, a local byte twice), every message.
+    cpu = [
+        c.rpc_cpu_s_per_byte * (2 * lb + 4 * lo) + c.per_message_s * m
+        for lb, lo, m in zip(t.link, t.local, t.messages, strict=True)
+    ]
+    if shape.host_cores is not None:
+        terms["host CPU"] = max(cpu) / shape.host_cores
+    if c.ps_cores is not None and t.ps_work:
+        terms["PS CPU"] = max(t.ps_work) / c.ps_cores
+    if shape.shared_cores is not None:
+        per_step = model.compute_cpu if model.compute_cpu is not None else compute
+        compute_cpu = shape.workers * shape.towers_per_worker * per_step if shape.compute_on_cpu else 0.0
+        terms["machine CPU"] = (sum(cpu) + compute_cpu) / shape.shared_cores
+
+    # A worker's own end of its transfers steals from a compute thread on the same cores.
+    steal = c.rpc_cpu_s_per_byte * 2 * t.remote if shape.compute_on_cpu else 0.0
+    path, latency = _worker_path(
+        strategy, c, t, compute, link_time, rate, shape.latency_ms / 1e3, steal, terms.get("PS CPU", 0.0)
+    )
+    terms["worker path"] = path
+    terms["latency in path"] = latency
+    ps_bound = strategy.kind == SYNC_PS and terms.get("PS CPU", 0.0) / 2 > t.phase / rate
+
+    round_time = max(v for k, v in terms.items() if k != "latency in path")
+    replicas = shape.workers * shape.towers_per_worker
+    counted = replicas - (
+        strategy.backup_workers * shape.towers_per_worker if strategy.kind == SYNC_PS else 0
+    )
+    steps = counted / round_time
+    where = _Where(roles, busiest, cpu, t.ps_work, ps_bound, shape.shared_cores)
+    return Prediction(
+        shape=shape,
+        strategy=strategy,
+        model=model.name,
+        links=tuple(Link(h, roles[h], b) for h, b in enumerate(t.link)),
+        ps_balance=layout.balance if layout else None,
+        terms=terms,
+        round_time=round_time,
+        examples_per_sec=steps * model.batch_size,
+        replica_steps_per_sec=steps,
+        efficiency=steps * compute / replicas,
+        bottleneck=_bottleneck(terms, round_time, where),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """What `_bottleneck` needs to name the limit."""
+
+    roles: list[str]
+    busiest: int
+    cpu: list[float]
+    ps_work: list[float]
+    ps_bound: bool
+    shared_cores: float | None
+
+
+def _bottleneck(terms: dict, round_time: float, w: _Where) -> str:
+    """Name what sets the round time: compute, a named link, a named PS or host's CPU, or latency."""
+    link = f"link of host {w.busiest} ({w.roles[w.busiest]})"
+    busiest_ps = max(range(len(w.ps_work)), key=lambda j: w.ps_work[j]) if w.ps_work else None
+    ps = f"CPU of PS {busiest_ps}: gRPC bytes and messages of every worker"
+    if terms["compute"] >= 0.9 * round_time:
+        return "compute"
+    if w.ps_bound and terms["worker path"] >= round_time:
+        return ps
+    name = max((k for k in terms if k not in ("compute", "latency in path")), key=lambda k: terms[k])
+    if name == "busiest link":
+        return link
+    if name == "PS CPU":
+        return ps
+    if name == "host CPU":
+        h = max(range(len(w.cpu)), key=lambda i: w.cpu[i])
+        return f"CPU of host {h} ({w.roles[h]}): gRPC bytes and messages"
+    if name == "machine CPU":
+        return f"CPU shared by all hosts ({w.shared_cores:.2f} cores)"
+    if terms["latency in path"] > max(terms["busiest link"], terms["compute"]):
+        return "latency: round trips and per-message costs in the step's path"
+    return f"{link} in the step's path"
+
+
+def shares_balance(loads: Sequence[float]) -> float:
+    """Busiest over mean, 1.0 for nothing."""
+    total = sum(loads)
+    return max(loads) * len(loads) / total if total else 1.0

@@ -1,0 +1,100 @@
+"""The planner against the benchmark: predict a measured run from its own report's inputs.
+
+A benchmark report (`bench.runner`, `--out`) holds what the planner needs
+as input, measured in the same session: one process's step (the reference:
+C, its CPU seconds per step), the link rate, the layout, and how many cores other processes
+kept busy during the run (emulated hosts share this machine's cores with
+them). The prediction is then set against the run's measured throughput
+(N x the slowest worker for async, the cluster's rate for sync).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from disttrain.plan import cost
+
+MIN_CORES = 0.25  # what is left of the machine is never taken as less than this
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A measured run beside its prediction."""
+
+    label: str
+    measured: float  # counted replica steps per second
+    predicted: float
+    prediction: cost.Prediction
+
+    @property
+    def error(self) -> float:
+        """Predicted over measured, minus 1."""
+        return self.predicted / self.measured - 1
+
+
+def shape_of(report: dict, run: dict) -> cost.Shape:
+    """The cluster a report's run measured: one worker per emulated host, PS dedicated or colocated."""
+    cfg = report["config"]
+    link = run.get("link_mbit") or cfg.get("link_mbit")
+    busy = run.get("other_busy_cores") or 0.0
+    return cost.Shape(
+        hosts=run["workers"],
+        ps=run["ps"],
+        ps_hosts=run["layout"] if run["ps"] else cost.COLOCATED,
+        link_gbit=link / 1000 if link else None,
+        latency_ms=cfg.get("latency_ms") or 0.0,
+        shared_cores=max(MIN_CORES, cfg["cpus"] - busy),
+        compute_on_cpu=True,
+    )
+
+
+def check_run(
+    report: dict,
+    run: dict,
+    model: cost.Model,
+    strategy: cost.Strategy,
+    constants: cost.Constants = cost.DEFAULTS,
+) -> Check:
+    """Predict `run` of `report` with `model` (its step time is replaced by the report's reference)."""
+    reference = (report.get("reference") or {}).get("steps_per_sec")
+    if not reference:
+        raise cost.PlanError("the report has no reference run (one process alone): re-run with --reference")
+    if run.get("counted_steps_per_sec") is None:
+        raise cost.PlanError(f"run {run['system']} N={run['workers']} P={run['ps']} has no measurement")
+    # One compute thread's step is the reference's CPU per step: its wall time also counts the
+    # cores other processes took in its window, which the run's own window need not share.
+    compute = report["reference"].get("cpu_seconds_per_step") or 1.0 / reference
+    model = model.replace(step_time=compute, compute_cpu=compute)
+    placement = cost.ROUND_ROBIN if run["system"] == "tf_default" else cost.DISTTRAIN
+    strategy = dataclasses.replace(strategy, kind=run["strategy"], placement=placement)
+    if run["strategy"] != cost.ASYNC_PS or run["system"] == "tf_default":  # TF's default never overlaps
+        strategy = dataclasses.replace(strategy, overlap=False)
+    p = cost.predict(model, shape_of(report, run), strategy, constants)
+    label = (
+        f"{report['config']['model']} b{report['config']['batch_size']}, {run['system']} {run['strategy']}"
+        + (" overlap" if strategy.overlap else "")
+        + f", {run['workers']} worker host(s)"
+        + (f", {run['ps']} PS {run['layout']}" if run["ps"] else "")
+        + f", {run.get('link_mbit') or report['config'].get('link_mbit'):g} Mbit/s"
+    )
+    return Check(label, run["counted_steps_per_sec"], p.replica_steps_per_sec, p)
+
+
+def table(checks: list[Check]) -> str:
+    """Measured beside predicted, one run a line."""
+    lines = [f"{'run':84s} {'measured':>9s} {'predicted':>9s} {'error':>6s}  bottleneck (predicted)"]
+    for c in checks:
+        error = f"{100 * c.error:+5.0f}%"
+        lines.append(f"{c.label:84s} {c.measured:9.3f} {c.predicted:9.3f} {error}  {c.prediction.bottleneck}")
+    lines.append("steps/s = replica steps (batches) per second, counted as the benchmark counts them")
+    return "\n".join(lines)
+
+
+def as_json(c: Check) -> dict:
+    return {
+        "run": c.label,
+        "measured_steps_per_sec": c.measured,
+        "predicted_steps_per_sec": c.predicted,
+        "error": c.error,
+        "prediction": c.prediction.as_dict(),
+    }

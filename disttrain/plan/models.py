@@ -1,0 +1,161 @@
+"""A gin experiment's model as the cost model sees it: bytes, pieces per PS, one step's time.
+
+The variables are read from the model's graph built once in a scratch graph,
+as placement does (`config.model.build_variables`); disttrain's layout is
+`placement.make_plan` on those shapes, TF's is its round robin by count in
+creation order (`tf_default`: embedding tables cut into P parts first). R,
+the rows a step looks up, comes from the benchmark's own measurement
+(`bench.runner.model_bytes`). No training and no server: building even
+ResNet-152's variables takes seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import tensorflow as tf
+
+from disttrain import placement
+from disttrain.bench import runner
+from disttrain.cluster import PS, WORKER, Cluster
+from disttrain.config import TrainConfig
+from disttrain.plan import cost
+
+v1 = tf.compat.v1
+
+
+def variables(config: TrainConfig) -> tuple[list[placement.VariableSpec], frozenset[str]]:
+    """Every variable of the model in creation order, and the names of the trainable ones."""
+    with tf.Graph().as_default() as graph:
+        config.model.build_variables()
+        trainable = frozenset(v.op.name for v in v1.trainable_variables())
+        return placement.variable_specs(graph), trainable
+
+
+def disttrain_layout(
+    specs: list[placement.VariableSpec], trainable: frozenset[str], ps: int, max_imbalance: float = 0.05
+) -> cost.PsLayout:
+    """disttrain's plan: each PS's share of the dense trainable bytes and its pieces (tables apart: R)."""
+    plan = placement.make_plan(specs, ps, max_imbalance)
+    dense = [0] * ps
+    pieces = [0] * ps
+    for spec in specs:
+        if spec.name not in trainable or spec.table:
+            continue
+        axis, parts = plan.parts.get(spec.name, (0, 1))
+        for piece in placement._pieces(spec, axis, parts):  # noqa: SLF001  the plan's own piece sizes
+            dense[plan.devices[piece.name]] += piece.nbytes
+            pieces[plan.devices[piece.name]] += 1
+    return _layout(dense, pieces, plan.max_over_mean)
+
+
+def round_robin_layout(
+    specs: list[placement.VariableSpec], trainable: frozenset[str], ps: int
+) -> cost.PsLayout:
+    """TF's `replica_device_setter`: the i-th variable op created goes to PS i mod P, whatever its size.
+
+    Tables are created as P parts (tf_default's fixed_size_partitioner), dealt
+    in turn like any variable. Checked against the real device setter in
+    tests/unit/test_plan.py.
+    """
+    loads, dense, pieces = [0] * ps, [0] * ps, [0] * ps
+    i = 0
+    for spec in specs:
+        parts = ps if spec.table else 1
+        size = spec.nbytes // parts
+        for _ in range(parts):
+            task = i % ps
+            i += 1
+            loads[task] += size
+            if spec.name in trainable and not spec.table:
+                dense[task] += size
+                pieces[task] += 1
+    return _layout(dense, pieces, placement.max_over_mean(loads))
+
+
+def _layout(dense: list[int], pieces: list[int], balance: float) -> cost.PsLayout:
+    total = sum(dense)
+    shares = tuple(d / total for d in dense) if total else tuple(1 / len(dense) for _ in dense)
+    return cost.PsLayout(shares, tuple(pieces), balance)
+
+
+def model_from_config(config: TrainConfig, step_time: float, name: str | None = None) -> cost.Model:
+    """The cost model's view of `config`'s model at its batch size, one GPU step taking `step_time`."""
+    specs, trainable = variables(config)
+    if any(s.table for s in specs):
+        sizes = runner.model_bytes(config)  # measures R from the input pipeline
+        dense, rows = sizes.dense, sizes.sparse
+    else:
+        dense, rows = sum(s.nbytes for s in specs if s.name in trainable), 0.0
+
+    @functools.cache
+    def layout(ps: int, kind: str) -> cost.PsLayout:
+        if kind == cost.ROUND_ROBIN:
+            return round_robin_layout(specs, trainable, ps)
+        return disttrain_layout(specs, trainable, ps)
+
+    return cost.Model(
+        name=name or type(config.model).__name__,
+        dense_bytes=dense,
+        sparse_bytes=rows,
+        step_time=step_time,
+        batch_size=config.batch_size,
+        layout=layout,
+        tensors=sum(1 for s in specs if s.name in trainable and not s.table),
+    )
+
+
+def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> float:
+    """One process's step time here (median of `steps`), with the config's model, input, optimizer and batch.
+
+    Runs in a scratch graph with the config's thread counts (0: TF's default);
+    no cluster, no checkpoint. The planner divides it by the user's speed factor.
+    """
+    if steps < 1:
+        raise cost.PlanError(f"need at least 1 measured step, got {steps}")
+    model = config.model
+    with tf.Graph().as_default():
+        dataset = config.input_fn(model, config.batch_size, 0, 1)
+        features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
+        loss = model.loss(model(features, training=True), labels)
+        train_op = config.optimizer().minimize(loss, global_step=v1.train.get_or_create_global_step())
+        session_config = v1.ConfigProto(
+            intra_op_parallelism_threads=config.intra_op_threads,
+            inter_op_parallelism_threads=config.inter_op_threads,
+        )
+        with v1.Session(config=session_config) as session:
+            session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            for _ in range(warmup):
+                session.run(train_op)
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                session.run(train_op)
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def strategy_from_config(
+    config: TrainConfig, kind: str, placement_kind: str = cost.DISTTRAIN
+) -> cost.Strategy:
+    """The settings of `config.strategy` (as gin bound them) for the cost model.
+
+    Builds the strategy once for a stand-in cluster of 64 replicas (and one PS
+    when it uses PS) to read its settings; nothing starts. The cost model
+    checks the settings against the planned cluster (backup workers < workers).
+    """
+    jobs = {WORKER: [f"localhost:{i + 1}" for i in range(64)]}
+    if kind != cost.ALLREDUCE:
+        jobs[PS] = ["localhost:100"]
+    built = config.strategy(Cluster(jobs=jobs, task_type=WORKER, task_index=0))
+    dtype = getattr(built, "transfer_dtype", None)
+    return cost.Strategy(
+        kind=kind,
+        overlap=bool(getattr(built, "overlap", False)),
+        bucket_bytes=int(getattr(built, "bucket_bytes", 4 * 2**20)),
+        transfer_bits=16 if dtype is not None and dtype.size == 2 else 32,
+        backup_workers=int(getattr(built, "backup_workers", 0)),
+        placement=placement_kind,
+    )

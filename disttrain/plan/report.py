@@ -1,0 +1,78 @@
+"""The plan as a table and as JSON: the prediction, its bottleneck, and the changes ranked by gain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from disttrain.plan import advice, cost
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:.1f} MB"
+
+
+def table(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change], top: int = 8) -> str:
+    """The prediction and the best `top` changes, for the console."""
+    busiest = p.busiest_link
+    lines = [
+        f"model: {model.name}, {_mb(model.dense_bytes)} dense"
+        + (f" + {_mb(model.sparse_bytes)} of rows per step" if model.sparse_bytes else "")
+        + f", batch {model.batch_size} per GPU, one GPU step {model.step_time * 1e3:.1f} ms",
+        f"cluster: {p.shape.describe()} ({p.shape.workers} worker(s), {p.shape.gpus} GPU(s))",
+        f"strategy: {p.strategy.describe()}",
+        "",
+        f"  bytes per round on the busiest link  {_mb(busiest.bytes_per_round)} each way "
+        f"(host {busiest.host}: {busiest.roles})",
+        f"  bytes per round on the average link  {_mb(p.mean_link_bytes)} each way",
+        f"  PS balance (busiest / mean)          {p.ps_balance:.2f}"
+        if p.ps_balance is not None
+        else "  PS balance                           - (no PS)",
+        f"  predicted round time                 {p.round_time * 1e3:.1f} ms (one step of every worker)",
+        f"  predicted throughput                 {p.examples_per_sec:.1f} examples/s "
+        f"({p.replica_steps_per_sec:.2f} batches/s)",
+        f"  scaling efficiency vs N x one GPU    {p.efficiency:.3f}",
+        f"  bottleneck                           {p.bottleneck}",
+        "  time terms per round (s)             "
+        + ", ".join(f"{k} {v:.3f}" for k, v in p.terms.items() if v),
+        "",
+        "what to change, by predicted gain:",
+    ]
+    shown = [c for c in ranked if c.gain > 1.005][:top]
+    for c in shown:
+        lines.append(
+            f"  {c.gain:5.2f}x  {c.what}: {c.prediction.examples_per_sec:.1f} examples/s, "
+            f"efficiency {c.prediction.efficiency:.3f}, bottleneck {c.prediction.bottleneck}"
+        )
+    if not shown:
+        lines.append(
+            "  nothing predicted to gain more than 0.5%: "
+            + ("compute-bound" if p.bottleneck == "compute" else "the layout is as good as these changes")
+        )
+    return "\n".join(lines)
+
+
+def as_json(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change]) -> dict:
+    """Everything in `table`, and every change (those that lose too), as a JSON-ready dict."""
+    return {
+        "model": {
+            "name": model.name,
+            "dense_bytes": model.dense_bytes,
+            "sparse_bytes_per_step": model.sparse_bytes,
+            "tensors": model.tensors,
+            "batch_size": model.batch_size,
+            "step_time_seconds": model.step_time,
+        },
+        "prediction": p.as_dict(),
+        "changes": [
+            {
+                "change": c.what,
+                "gain": c.gain,
+                "examples_per_sec": c.prediction.examples_per_sec,
+                "scaling_efficiency": c.prediction.efficiency,
+                "bottleneck": c.prediction.bottleneck,
+                "cluster": c.prediction.as_dict()["cluster"],
+                "strategy": c.prediction.as_dict()["strategy"],
+            }
+            for c in ranked
+        ],
+    }

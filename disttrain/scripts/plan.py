@@ -1,0 +1,178 @@
+"""Scaling planner: predict a cluster before renting it, and say what to change.
+
+    disttrain-plan --gin_file=inception_v3_sync.gin --hosts=8 --gpus_per_host=16 --ps=8 \\
+        --link_gbit=20 --step_time_ms=1826 --gin_param=TrainConfig.batch_size=32
+    disttrain-plan --gin_file=bench/mlp_b32.gin --hosts=4 --ps=4 --link_gbit=0.5 --measure --speed_factor=1
+    disttrain-plan --from_report=/tmp/bench/run.json      # a benchmark report: predicted beside measured
+    disttrain-plan --published                            # the published runs, predicted from their inputs
+
+Reads the model's variables from the gin experiment's graph (built once, no
+training), predicts bytes per link, PS balance, step time, throughput,
+scaling efficiency and the bottleneck, and ranks what to change. Prints a
+table; --out writes the same as JSON. `python bin/plan.py ...` is the same
+command from a checkout.
+"""
+
+import dataclasses
+import json
+import os
+
+import gin
+from absl import app, flags
+
+from disttrain import cli, strategies
+from disttrain.bench import report as bench_report
+from disttrain.bench import runner
+from disttrain.errors import ConfigError
+from disttrain.plan import advice, cost, measured, models, published
+from disttrain.plan import report as plan_report
+
+flags.DEFINE_multi_string("gin_file", [], "Gin experiment files, in order (e.g. inception_v3_sync.gin).")
+flags.DEFINE_multi_string("gin_param", [], "Gin bindings (e.g. TrainConfig.batch_size=32).")
+flags.DEFINE_integer("hosts", 1, "Worker hosts.")
+flags.DEFINE_integer("gpus_per_host", 1, "GPUs per worker host.")
+flags.DEFINE_boolean(
+    "towers", True, "One worker per host with a tower per GPU (--notowers: a worker per GPU)."
+)
+flags.DEFINE_integer("ps", None, "PS tasks (default: one per host for PS strategies, 0 for all-reduce).")
+flags.DEFINE_enum("ps_hosts", "colocated", ["colocated", "dedicated"], "PS on the worker hosts or their own.")
+flags.DEFINE_float("link_gbit", 10.0, "Link rate per host, Gbit/s, each direction (full duplex).")
+flags.DEFINE_float("latency_ms", 0.0, "One-way latency per message, ms.")
+flags.DEFINE_float("host_cores", None, "Cores a host gives gRPC transfers (default: no CPU limit per host).")
+flags.DEFINE_enum("strategy", None, list(cost.STRATEGIES), "Strategy (default: the gin config's).")
+flags.DEFINE_enum("placement", "disttrain", list(cost.PLACEMENTS), "disttrain's plan or TF's round robin.")
+flags.DEFINE_boolean("overlap", None, "AsyncParameterServer overlap (default: the gin config's).")
+flags.DEFINE_float("bucket_mib", None, "SyncAllReduce bucket size, MiB (default: the gin config's).")
+flags.DEFINE_integer("transfer_bits", None, "16 or 32 bits on the wire (default: the gin config's).")
+flags.DEFINE_integer("backup_workers", None, "SyncParameterServer backup workers (default: the config's).")
+flags.DEFINE_float("step_time_ms", None, "One GPU's step time at the config's batch size, ms.")
+flags.DEFINE_boolean("measure", False, "Measure one step here on CPU instead, divided by --speed_factor.")
+flags.DEFINE_float("speed_factor", 1.0, "How many times faster one GPU is than this machine's measurement.")
+flags.DEFINE_integer("measure_steps", 5, "Steps timed by --measure (after 2 warm-up steps).")
+flags.DEFINE_integer("top", 8, "Changes shown in the table.")
+flags.DEFINE_string("from_report", None, "A benchmark JSON report: predict each run and show the error.")
+flags.DEFINE_boolean("published", False, "Predict the published runs (seed report, tf_cnn_benchmarks).")
+flags.DEFINE_string("out", None, "Write the plan as JSON here.")
+FLAGS = flags.FLAGS
+
+
+def load_config(gin_files, gin_params):
+    gin.clear_config()
+    return cli.train_config(gin_files, list(gin_params))
+
+
+def config_kind(config) -> str:
+    """The strategy the gin config trains with, as the cost model names it."""
+    for kind in runner.STRATEGIES.values():
+        cls = getattr(strategies, kind.class_name, None)
+        if cls is not None and isinstance(config.strategy, type) and issubclass(config.strategy, cls):
+            return kind.name
+    raise ConfigError(f"the config's strategy {config.strategy!r} is unknown here: pass --strategy")
+
+
+def _strategy(config, kind: str) -> cost.Strategy:
+    found = models.strategy_from_config(config, kind, FLAGS.placement)
+    changes = {}
+    if FLAGS.overlap is not None:
+        changes["overlap"] = FLAGS.overlap
+    if FLAGS.bucket_mib is not None:
+        changes["bucket_bytes"] = int(FLAGS.bucket_mib * 2**20)
+    if FLAGS.transfer_bits is not None:
+        changes["transfer_bits"] = FLAGS.transfer_bits
+    if FLAGS.backup_workers is not None:
+        changes["backup_workers"] = FLAGS.backup_workers
+    return dataclasses.replace(found, **changes)
+
+
+def _step_time(config) -> float:
+    if FLAGS.step_time_ms is not None and FLAGS.measure:
+        raise ConfigError("--step_time_ms and --measure both given: pass one")
+    if FLAGS.step_time_ms is not None:
+        if not FLAGS.step_time_ms > 0:
+            raise ConfigError(f"--step_time_ms={FLAGS.step_time_ms}: must be > 0")
+        return FLAGS.step_time_ms / 1e3
+    if not FLAGS.measure:
+        raise ConfigError(
+            "no step time: pass --step_time_ms (one GPU's step at the config's batch size), "
+            "or --measure --speed_factor=F (a step measured here on CPU, divided by F)"
+        )
+    if not FLAGS.speed_factor > 0:
+        raise ConfigError(f"--speed_factor={FLAGS.speed_factor}: must be > 0")
+    return models.measure_step_time(config, FLAGS.measure_steps) / FLAGS.speed_factor
+
+
+def plan() -> int:
+    if not FLAGS.gin_file:
+        cli.fail("no --gin_file given: pass one, e.g. --gin_file=inception_v3_sync.gin")
+    config = load_config(FLAGS.gin_file, FLAGS.gin_param)
+    kind = FLAGS.strategy or config_kind(config)
+    if FLAGS.strategy:
+        config = load_config(FLAGS.gin_file, [*FLAGS.gin_param, runner.STRATEGIES[kind].binding])
+    ps = FLAGS.ps if FLAGS.ps is not None else (0 if kind == cost.ALLREDUCE else FLAGS.hosts)
+    shape = cost.Shape(
+        hosts=FLAGS.hosts,
+        gpus_per_host=FLAGS.gpus_per_host,
+        towers=FLAGS.towers,
+        ps=ps,
+        ps_hosts=FLAGS.ps_hosts,
+        link_gbit=FLAGS.link_gbit,
+        latency_ms=FLAGS.latency_ms,
+        host_cores=FLAGS.host_cores,
+    )
+    strategy = _strategy(config, kind)
+    cost.check(shape, strategy)  # before anything is built or measured
+    model = models.model_from_config(config, _step_time(config))
+    prediction = cost.predict(model, shape, strategy)
+    ranked = advice.changes(model, shape, strategy, current=prediction)
+    print(plan_report.table(prediction, model, ranked, FLAGS.top), flush=True)
+    if FLAGS.out:
+        bench_report.write_json(plan_report.as_json(prediction, model, ranked), FLAGS.out)
+        print(f"plan: {FLAGS.out}")
+    return 0
+
+
+def from_report(path: str) -> int:
+    """Each measured run of a benchmark report beside its prediction."""
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"--from_report={path}: no such file; pass a benchmark report (--out of bin/benchmark.py)"
+        )
+    with open(path) as f:
+        report = json.load(f)
+    cfg = report["config"]
+    checks = []
+    for run in report["runs"]:
+        if run.get("counted_steps_per_sec") is None:
+            continue
+        config = load_config(
+            cfg["gin_files"], [*cfg["gin_params"], runner.STRATEGIES[run["strategy"]].binding]
+        )
+        model = models.model_from_config(config, 1.0)
+        checks.append(
+            measured.check_run(report, run, model, models.strategy_from_config(config, run["strategy"]))
+        )
+    print(measured.table(checks), flush=True)
+    if FLAGS.out:
+        bench_report.write_json({"checks": [measured.as_json(c) for c in checks]}, FLAGS.out)
+    return 0
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag")
+    with cli.errors_to_exit():  # a PlanError is a ConfigError: one line, exit 2
+        if FLAGS.published:
+            results = published.predict_all(load_config)
+            print(published.table(results) + "\n\n" + published.answers_table(results), flush=True)
+            return 0
+        if FLAGS.from_report:
+            return from_report(FLAGS.from_report)
+        return plan()
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,328 @@
+"""The scaling planner's cost model on cases worked out by hand (the arithmetic is in the comments),
+its view of real models' placement, and bin/plan.py's command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+import tensorflow as tf
+
+from disttrain import cli, placement
+from disttrain.plan import advice, cost, measured, models
+from tests import REPO
+
+v1 = tf.compat.v1
+MB = 1e6
+# Constants that leave only the arithmetic: the whole link rate, no CPU, no per-message cost.
+BARE = cost.Constants(goodput=1.0, rpc_cpu_s_per_byte=0.0, per_message_s=0.0, ps_cores=None)
+
+
+def model(dense=100 * MB, step=0.1, tensors=8, layout=None, batch=32):
+    return cost.Model("m", dense, step, batch, layout or cost.even_layout(tensors), tensors)
+
+
+def fixed_layout(*shares, tensors=2):
+    """These shares at len(shares) PS; an even split of 8 pieces at any other count."""
+
+    def layout(ps, kind):
+        if ps != len(shares):
+            return cost.even_layout(8)(ps, kind)
+        return cost.PsLayout(tuple(shares), (tensors,) * ps, cost.shares_balance(shares))
+
+    return layout
+
+
+def test_ring_bytes_are_2d_n_minus_1_over_n():
+    # D = 100 MB, 4 hosts, one worker each: every link carries 2 * 100 * 3/4 = 150 MB each way.
+    p = cost.predict(model(), cost.Shape(hosts=4, link_gbit=0.8), cost.Strategy(cost.ALLREDUCE), BARE)
+    assert [x.bytes_per_round for x in p.links] == [pytest.approx(150 * MB)] * 4
+    # 2 hosts x 4 GPUs, a worker per GPU: a ring of 8, but each host's one outgoing edge is all that
+    # crosses its link: 2 * 100 * 7/8 = 175 MB. With towers (a ring of 2): 2 * 100 * 1/2 = 100 MB.
+    per_gpu = cost.Shape(hosts=2, gpus_per_host=4, towers=False)
+    assert cost.predict(
+        model(), per_gpu, cost.Strategy(cost.ALLREDUCE), BARE
+    ).busiest_link.bytes_per_round == (pytest.approx(175 * MB))
+    towers = cost.Shape(hosts=2, gpus_per_host=4, towers=True)
+    assert cost.predict(
+        model(), towers, cost.Strategy(cost.ALLREDUCE), BARE
+    ).busiest_link.bytes_per_round == (pytest.approx(100 * MB))
+    # 0.8 Gbit/s = 100 MB/s: one bucket (bucket_bytes > D) waits for the whole backprop, then
+    # 150 MB / 100 MB/s = 1.5 s: the round is C + 1.5 = 1.6 s, 4 steps per round = 2.5 steps/s.
+    one_bucket = cost.Strategy(cost.ALLREDUCE, bucket_bytes=2**30)
+    p = cost.predict(model(), cost.Shape(hosts=4, link_gbit=0.8), one_bucket, BARE)
+    assert p.round_time == pytest.approx(1.6)
+    assert p.replica_steps_per_sec == pytest.approx(2.5)
+    assert p.efficiency == pytest.approx(0.1 / 1.6)
+
+
+def test_ps_hot_spot_names_the_busy_host():
+    # 4 hosts, 4 colocated PS holding 70/10/10/10% of D = 100 MB. Host 0 pulls and pushes the 30 MB
+    # held elsewhere and serves 70 MB to each of 3 other workers: 30 + 210 = 240 MB each way.
+    # Hosts 1-3: 90 MB of their own remote traffic + 3 x 10 MB served = 120 MB.
+    m = model(layout=fixed_layout(0.7, 0.1, 0.1, 0.1))
+    shape = cost.Shape(hosts=4, ps=4, link_gbit=0.8)  # 100 MB/s
+    p = cost.predict(m, shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
+    assert [x.bytes_per_round for x in p.links] == [pytest.approx(b * MB) for b in (240, 120, 120, 120)]
+    assert p.busiest_link.roles == "worker0+ps0"
+    assert p.bottleneck.startswith("link of host 0 (worker0+ps0)")
+    assert p.terms["busiest link"] == pytest.approx(2.4)  # 240 MB / 100 MB/s
+    # The loops fall into step: while every worker pushes, host 0 receives 3 x 70 = 210 MB (2.1 s)
+    # and sends only its 30 MB; then every worker pulls, the reverse. Push then pull: 4.2 s.
+    assert p.terms["worker path"] == pytest.approx(4.2)
+    assert p.round_time == pytest.approx(4.2)
+    assert p.ps_balance == pytest.approx(2.8)  # 0.7 / 0.25
+    # Balanced (25% each): every link 75 + 3 x 25 = 150 MB, 75 MB each phase: 0.75 + 0.75 = 1.5 s.
+    # The hot spot cost 4.2 / 1.5 = 2.8x. (Measured on emulated hosts, MLP at 4 hosts with 2 PS:
+    # README's "Planning a cluster" table.)
+    even = cost.predict(model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
+    assert even.round_time == pytest.approx(1.5)
+    # The advice sees it: disttrain's placement first, for a round-robin layout.
+    rr = cost.Strategy(cost.ASYNC_PS, overlap=True, placement=cost.ROUND_ROBIN)
+    m2 = model(
+        layout=lambda ps, kind: (
+            fixed_layout(0.7, 0.1, 0.1, 0.1) if kind == cost.ROUND_ROBIN else cost.even_layout(8)
+        )(ps, kind)
+    )
+    ranked = {c.what: c.gain for c in advice.changes(m2, shape, rr, BARE)}
+    assert ranked["disttrain's placement instead of round robin"] == pytest.approx(4.2 / 1.5)
+    assert ranked["16-bit transfer"] == pytest.approx(2.0)  # half the bytes in every phase
+
+
+def test_full_duplex_push_and_pull_share_the_link():
+    # 4 hosts, 4 colocated PS, D = 100 MB, 100 MB/s. Each link carries 75 MB of its worker's own
+    # traffic (3/4 of D is elsewhere) and 3 x 25 MB served, 150 MB each way per round. While every
+    # worker pushes, a host sends its 75 MB and receives 75 MB of pushes at once: 0.75 s, not 1.5;
+    # the pulls likewise. So a round costs the link's bytes once: 1.5 s, not 3.
+    shape = cost.Shape(hosts=4, ps=4, link_gbit=0.8)
+    p = cost.predict(model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
+    assert p.busiest_link.bytes_per_round == pytest.approx(150 * MB)
+    assert p.terms["busiest link"] == pytest.approx(1.5)
+    assert p.terms["worker path"] == pytest.approx(0.75 + 0.75)
+    assert p.round_time == pytest.approx(1.5)
+    # Sync PS: the pushes start with the first of 8 gradient pieces, after the forward pass (0.1/3)
+    # and an eighth of backprop (0.2/3/8); then 0.75 s of pushes, then 0.75 s of pulls.
+    sync = cost.predict(model(), shape, cost.Strategy(cost.SYNC_PS), BARE)
+    assert sync.round_time == pytest.approx(0.1 / 3 + 0.2 / 3 / 8 + 0.75 + 0.75)
+    # One dedicated PS for 2 workers: the PS link's in-direction takes both workers' pushes
+    # (200 MB, 2 s) while its out-direction idles, then the reverse: 4 s, twice the 2 s its
+    # bytes need. Loops that contend for a PS fall into step (measured: README's 4-host, 2-PS row).
+    dedicated = cost.Shape(hosts=2, ps=1, ps_hosts=cost.DEDICATED, link_gbit=0.8)
+    d = cost.predict(model(), dedicated, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
+    assert d.links[2].roles == "ps0" and d.terms["busiest link"] == pytest.approx(2.0)
+    assert d.round_time == pytest.approx(4.0)
+
+
+def test_latency_bound_small_tensors():
+    # D = 1 MB in 4 KiB buckets: 245 buckets (ceil(1e6 / 4096)), each a ring of 8 hosts: 2 x 7 = 14
+    # hops one after another at 0.5 ms: 245 x 14 x 0.5 ms = 1.715 s, against 2 x 1 MB x 7/8 / 1.25
+    # GB/s = 1.4 ms of bytes and 0.1 s of compute.
+    tiny = cost.Strategy(cost.ALLREDUCE, bucket_bytes=4096)
+    shape = cost.Shape(hosts=8, link_gbit=10, latency_ms=0.5)
+    p = cost.predict(model(dense=1 * MB), shape, tiny, BARE)
+    assert p.terms["latency in path"] == pytest.approx(245 * 14 * 0.5e-3)
+    assert p.bottleneck.startswith("latency")
+    # Larger buckets (16 KiB: 62 buckets, a quarter of the hops) gain about 4x; PS with overlap,
+    # which has no chain of hops in the step, gains most (the step becomes compute-bound).
+    ranked = {c.what: c.gain for c in advice.changes(model(dense=1 * MB), shape, tiny, BARE)}
+    larger = next(what for what in ranked if what.endswith("MiB buckets (larger)"))
+    assert ranked[larger] == pytest.approx(
+        (0.1 / 3 + 245 * 14 * 0.5e-3) / (0.1 / 3 + 62 * 14 * 0.5e-3), rel=0.02
+    )
+    assert max(ranked, key=ranked.get).startswith("async PS with overlap")
+    # Per-message cost counts the same way: 2.6e-4 s of CPU per hop, no latency.
+    msg = cost.predict(model(dense=1 * MB), cost.Shape(hosts=8, link_gbit=10), tiny, cost.Constants())
+    assert msg.terms["latency in path"] == pytest.approx(245 * 14 * 2.6e-4)
+
+
+def test_pipelined_transfers_overlap_backprop():
+    # Forward 1, backward 2, 4 chunks of comm 4 (1 each): ready at 1.5, 2, 2.5, 3 -> done 2.5, 3.5,
+    # 4.5, 5.5 (the link is the limit once the first chunk starts).
+    assert cost.pipelined(1, 2, 4, 4, 0) == pytest.approx(5.5)
+    # Comm shorter than backprop: each chunk waits for its gradient: the last ends at 3 + 0.25.
+    assert cost.pipelined(1, 2, 1, 4, 0) == pytest.approx(3.25)
+
+
+def test_towers_sum_gradients_on_the_host():
+    # 8 hosts x 8 GPUs, 8 colocated PS, D = 100 MB. A worker per GPU: each host link carries
+    # 8 workers x 87.5 MB remote + 12.5 MB x 56 other workers = 1400 MB. Towers: one worker per
+    # host, 2D(N-1)/N = 175 MB: 8x fewer bytes.
+    per_gpu = cost.Shape(hosts=8, gpus_per_host=8, towers=False, ps=8)
+    towers = cost.Shape(hosts=8, gpus_per_host=8, towers=True, ps=8)
+    a = cost.predict(model(), per_gpu, cost.Strategy(cost.SYNC_PS), BARE)
+    b = cost.predict(model(), towers, cost.Strategy(cost.SYNC_PS), BARE)
+    assert a.busiest_link.bytes_per_round == pytest.approx(1400 * MB)
+    assert b.busiest_link.bytes_per_round == pytest.approx(175 * MB)
+
+
+def test_cpu_terms():
+    # Emulated hosts on a 2-core machine: 4 ring members, D = 100 MB: every host sends and receives
+    # 150 MB, at 1.4 ms per MB at each end: 4 x 300 MB x 1.4 ms = 1.68 s of CPU, plus 4 x 0.1 s
+    # of compute, over 2 cores: 1.04 s.
+    shape = cost.Shape(hosts=4, shared_cores=2, compute_on_cpu=True, link_gbit=None)
+    p = cost.predict(model(), shape, cost.Strategy(cost.ALLREDUCE), cost.Constants(per_message_s=0))
+    assert p.terms["machine CPU"] == pytest.approx((1.68 + 0.4) / 2)
+    assert p.bottleneck.startswith("CPU shared by all hosts")
+
+
+@pytest.mark.parametrize(
+    "shape, strategy, words",
+    [
+        (cost.Shape(hosts=0), cost.Strategy(), "hosts=0"),
+        (cost.Shape(hosts=2, ps=2), cost.Strategy("ring"), "unknown strategy 'ring'"),
+        (cost.Shape(hosts=2, ps=2), cost.Strategy(cost.ALLREDUCE), "set ps=0"),
+        (cost.Shape(hosts=2, ps=0), cost.Strategy(cost.SYNC_PS), "at least 1 PS"),
+        (cost.Shape(hosts=2, ps=1), cost.Strategy(cost.SYNC_PS, backup_workers=2), "backup_workers=2"),
+        (cost.Shape(hosts=2, ps=1, ps_hosts="shared"), cost.Strategy(), "ps_hosts='shared'"),
+        (cost.Shape(hosts=2, ps=1), cost.Strategy(placement="greedy"), "unknown placement"),
+    ],
+)
+def test_bad_input_names_the_problem(shape, strategy, words):
+    with pytest.raises(cost.PlanError, match=words.replace("(", r"\(")):
+        cost.predict(model(), shape, strategy)
+
+
+def test_a_benchmark_report_is_predicted_from_its_own_inputs():
+    # A report as bin/benchmark.py writes it (the fields the planner reads): one worker host and one
+    # PS host at 100 Mbit/s, async PS with overlap; the reference took 0.05 CPU-s per step, other
+    # processes 0.5 of the 2 cores. D = 4.3 MB: the loop pushes then pulls 4.3 MB at 100e6 / 8 x
+    # 0.95 = 11.875 MB/s: 2 x 0.3621 s = 0.7242 s a step, so 1.381 steps/s.
+    report = {
+        "config": {"model": "Cifar10", "batch_size": 32, "cpus": 2, "link_mbit": 100.0, "latency_ms": 0.0},
+        "reference": {"steps_per_sec": 12.0, "cpu_seconds_per_step": 0.05},
+        "runs": [],
+    }
+    run = {
+        "system": "disttrain",
+        "strategy": "async_ps",
+        "workers": 1,
+        "ps": 1,
+        "layout": "dedicated",
+        "link_mbit": 100.0,
+        "other_busy_cores": 0.5,
+        "counted_steps_per_sec": 1.3,
+    }
+    check = measured.check_run(report, run, model(dense=4.3 * MB), cost.Strategy(overlap=True))
+    assert check.prediction.shape.shared_cores == 1.5 and check.prediction.shape.hosts == 1
+    assert check.prediction.terms["compute"] == 0.05  # the reference's CPU per step, not 1/12
+    assert check.predicted == pytest.approx(1 / (2 * 4.3 / 11.875), rel=0.01)
+    assert check.error == pytest.approx(check.predicted / 1.3 - 1)
+    assert check.prediction.bottleneck.startswith("link of host 0 (worker0)")
+    # TF's default layout never overlaps, whatever the config's strategy says.
+    tf_default = measured.check_run(
+        report, dict(run, system="tf_default"), model(dense=4.3 * MB), cost.Strategy(overlap=True)
+    )
+    assert not tf_default.prediction.strategy.overlap
+    assert tf_default.prediction.strategy.placement == cost.ROUND_ROBIN
+
+
+# ---- real models ---------------------------------------------------------------------------
+
+
+def _config(gin_file, *params):
+    gin.clear_config()
+    return cli.train_config([gin_file, "gin/testing/tiny.gin"], list(params))
+
+
+@pytest.mark.parametrize("num_ps", [2, 3, 4])
+def test_round_robin_layout_is_tfs_replica_device_setter(num_ps):
+    config = _config("gin/alexnet_sync.gin")
+    specs, trainable = models.variables(config)
+    layout = models.round_robin_layout(specs, trainable, num_ps)
+    with tf.Graph().as_default() as graph:
+        with graph.device(placement.round_robin_setter(num_ps, "/job:worker/task:0")):
+            config.model.build_variables()
+        loads = placement.ps_loads(graph, num_ps)
+    assert layout.balance == pytest.approx(placement.max_over_mean(loads))
+    # Shares are of the trainable bytes (all of AlexNet's variables are trainable).
+    assert [s * sum(loads) for s in layout.shares] == pytest.approx(loads)
+    assert sum(layout.tensors) == len(trainable)
+
+
+def test_disttrain_layout_is_the_plan():
+    config = _config("gin/alexnet_sync.gin")
+    specs, trainable = models.variables(config)
+    layout = models.disttrain_layout(specs, trainable, 4)
+    plan = placement.make_plan(specs, 4)
+    assert layout.balance == pytest.approx(plan.max_over_mean)
+    assert sum(layout.shares) == pytest.approx(1.0)
+    assert max(layout.shares) <= 1.05 / 4
+
+
+def test_model_from_config_reads_bytes_and_strategy_settings():
+    config = _config(
+        "gin/mlp_allreduce.gin", "SyncAllReduce.bucket_bytes=1024", "SyncAllReduce.transfer_dtype='bfloat16'"
+    )
+    m = models.model_from_config(config, 0.05)
+    # tiny.gin's MLP: 32*64+64 + 64*64+64 + 64*10+10 = 6,922 float32 params = 27,688 bytes.
+    assert m.dense_bytes == 27_688 and m.tensors == 6 and m.batch_size == 8
+    s = models.strategy_from_config(config, cost.ALLREDUCE)
+    assert (s.kind, s.bucket_bytes, s.transfer_bits) == (cost.ALLREDUCE, 1024, 16)
+
+
+# ---- bin/plan.py ---------------------------------------------------------------------------
+
+
+def _plan(*args, timeout=180):
+    argv = [sys.executable, os.path.join(REPO, "bin", "plan.py"), *args]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_plan_prints_table_and_writes_json(tmp_path):
+    out = tmp_path / "plan.json"
+    done = _plan(
+        "--gin_file=gin/mlp_async.gin",
+        "--gin_file=gin/testing/tiny.gin",
+        "--hosts=4",
+        "--ps=2",
+        "--link_gbit=1",
+        "--step_time_ms=20",
+        "--gin_param=AsyncParameterServer.overlap=True",
+        f"--out={out}",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "scaling efficiency vs N x one GPU" in done.stdout and "what to change" in done.stdout
+    plan = json.loads(out.read_text())
+    assert plan["prediction"]["cluster"]["hosts"] == 4
+    assert plan["prediction"]["strategy"]["overlap"] is True
+    assert plan["changes"] and all("gain" in c for c in plan["changes"])
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--gin_file=gin/mlp_async.gin", "--hosts=0", "--step_time_ms=10"], "hosts=0"),
+        (["--gin_file=nowhere.gin", "--step_time_ms=10"], "gin file 'nowhere.gin' not found"),
+        (["--gin_file=gin/mlp_async.gin", "--strategy=allreduce", "--ps=2", "--step_time_ms=10"], "set ps=0"),
+        (["--gin_file=gin/mlp_async.gin"], "no step time"),
+    ],
+)
+def test_plan_bad_input_is_one_line(args, words):
+    done = _plan(*args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("disttrain: error:")]
+    assert len(lines) == 1 and words in lines[0], done.stderr[-2000:]
+
+
+def test_published_runs_from_their_inputs():
+    # README's "Planning a cluster" table: tf_cnn_benchmarks' 64-K80 runs within 15%; the seed's
+    # 128-K80 Inception-v3 and AlexNet within 25% (ResNet-152 is a known miss: the seed's script
+    # built another ResNet). The calibration rows are the seed's one-host runs.
+    def load_config(gin_files, bindings):
+        gin.clear_config()
+        return cli.train_config(gin_files, bindings)
+
+    from disttrain.plan import published
+
+    results = {(r.case.source, r.case.model, r.case.gpus): r for r in published.predict_all(load_config)}
+    for model_name in ("Inception-v3", "ResNet-50", "ResNet-152"):
+        assert abs(results[(published.TF_CNN, model_name, 64)].error) < 0.15
+    for model_name in ("Inception-v3", "AlexNet"):
+        assert abs(results[(published.SEED, model_name, 128)].error) < 0.25
+    # With disttrain, the seed's cluster is predicted at 0.9 or more with towers, whatever the model.
+    answers = published.answers_table(list(results.values()))
+    assert answers.count("recommended 0.99") == 3, answers
