@@ -118,3 +118,20 @@ def test_benchmark_without_matplotlib_writes_json_and_table_and_says_how_to_get_
         "plot: matplotlib is not installed, so no plot was written: pip install 'disttrain[bench]' adds it"
     ]
     assert not (tmp_path / "report.png").exists()
+
+
+def test_plan_from_any_directory_with_a_shipped_config(installed, tmp_path):
+    out = tmp_path / "plan.json"
+    done = run(
+        installed,
+        "disttrain-plan",
+        "--gin_file=mlp_async.gin",
+        "--hosts=4",
+        "--ps=4",
+        "--link_gbit=10",
+        "--step_time_ms=50",
+        f"--out={out}",
+    )
+    assert done.returncode == 0, explain(done)
+    assert "scaling efficiency" in done.stdout and "what to change" in done.stdout
+    assert json.loads(out.read_text())
