@@ -10,11 +10,11 @@
 The peers are programs in peers/ run by file path in eager mode (nothing in
 them imports disttrain, which would switch the process to graph mode). This
 module, on the benchmark's side, turns the run's TrainConfig into the JSON
-spec they read (the model's sizes, batch, optimizer, threads, log interval and
-the console format the benchmark parses back), and starts them as a cluster
-of processes with TF_CONFIG, as disttrain.local starts disttrain's. Only the
-model_zoo MLP on synthetic input with Adam or SGD is implemented by the peers:
-another config is refused before anything starts.
+spec they read (the model's sizes and model_zoo's variables, batch, optimizer,
+threads, log interval and the console format the benchmark parses back), and starts them as a cluster
+of processes with TF_CONFIG, as disttrain.local starts disttrain's. The peers
+implement model_zoo's MLP and CIFAR-10 CNN on synthetic input with Adam or
+SGD: another config is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from disttrain.cluster import WORKER, Cluster
 from disttrain.config import TrainConfig
 from disttrain.errors import ConfigError
 from model_zoo import inputs
+from model_zoo.cifar10 import Cifar10
 from model_zoo.mlp import MLP
 
 v1 = tf.compat.v1
@@ -98,20 +99,49 @@ def optimizer_spec(config: TrainConfig) -> dict:
     return spec
 
 
+# The model_zoo models the peers implement (peers/tf2_common.MODELS), by their name there.
+PEER_MODELS = {MLP: "mlp", Cifar10: "cifar10"}
+
+
 def model_spec(config: TrainConfig) -> dict:
-    """The MLP's sizes; PeerUnsupported for any other model or input."""
+    """The model's name and sizes as the peers build it; PeerUnsupported for any other model or input."""
     model = config.model
-    if type(model) is not MLP:
+    name = PEER_MODELS.get(type(model))
+    if name is None:
+        known = " and ".join(cls.__name__ for cls in PEER_MODELS)
         raise PeerUnsupported(
-            f"the TF 2 peers implement the model_zoo MLP only; the config's model is {type(model).__name__}: "
-            "leave tf2_* out of --systems for it"
+            f"the TF 2 peers implement the model_zoo {known} only; the config's model is "
+            f"{type(model).__name__}: leave tf2_* out of --systems for it"
         )
     if inspect.unwrap(config.input_fn) is not inputs.synthetic:
         raise PeerUnsupported(
             f"the TF 2 peers implement synthetic input only; the config's input is {config.input_fn!r}"
         )
-    (input_dim,) = model.input_shape
-    return dict(input_dim=input_dim, hidden_sizes=list(model.hidden_sizes), num_classes=model.num_classes)
+    spec = dict(name=name, input_shape=list(model.input_shape), num_classes=model.num_classes)
+    if name == "mlp":
+        spec.update(hidden_sizes=list(model.hidden_sizes))
+    else:
+        spec.update(width=model.width)
+    return spec
+
+
+def model_variables(config: TrainConfig) -> list[dict]:
+    """model_zoo's trainable variables of the config's model, in creation order: name and shape.
+
+    The peers build their own copy of the model and stop if its variables
+    differ from these. PeerUnsupported if the model has non-trainable
+    variables (batch norm's moving statistics), which the peers do not update.
+    """
+    with tf.Graph().as_default():
+        config.model.build_variables()
+        trainable = v1.trainable_variables()
+        others = [v.op.name for v in v1.global_variables() if v.op.name not in {t.op.name for t in trainable}]
+        if others:
+            raise PeerUnsupported(
+                f"the TF 2 peers update trainable variables only; {type(config.model).__name__} also has "
+                f"{', '.join(others)}: leave tf2_* out of --systems for it"
+            )
+        return [{"name": v.op.name, "shape": v.shape.as_list()} for v in trainable]
 
 
 def bucket_bytes(allreduce_config: TrainConfig) -> int:
@@ -126,6 +156,7 @@ def spec(peer: Peer, config: TrainConfig, pack_bytes: int) -> dict:
     return {
         "system": peer.system,
         "model": model_spec(config),
+        "variables": model_variables(config),
         "batch_size": config.batch_size,
         "seed": 0,  # model_zoo.inputs.synthetic's default
         "optimizer": optimizer_spec(config),

@@ -5,16 +5,23 @@ from __future__ import annotations
 import ast
 import glob
 import json
+import math
 import os
+import subprocess
+import sys
 import time
 
 import gin
 import pytest
+import tensorflow as tf
 
 from disttrain import configurables
 from disttrain.bench import runner, tf2
+from model_zoo import cifar10, layers
 from tests import REPO
 from tests.bench.test_benchmark import TINY, _explain, benchmark
+
+v1 = tf.compat.v1
 
 
 def with_config(files, fn, bindings=()):
@@ -46,7 +53,15 @@ def test_steps_per_function_divides_the_log_interval(every_n, expected):
 
 def test_spec_of_the_bench_mlp():
     spec = spec_of("tf2_mwms", "gin/bench/mlp.gin", pack=bucket_bytes("gin/bench/mlp.gin"))
-    assert spec["model"] == {"input_dim": 256, "hidden_sizes": [4096, 4096], "num_classes": 256}
+    assert spec["model"] == {
+        "name": "mlp",
+        "input_shape": [256],
+        "num_classes": 256,
+        "hidden_sizes": [4096, 4096],
+    }
+    assert [v["name"] for v in spec["variables"]] == [
+        f"{layer}/{kind}" for layer in ("fc1", "fc2", "logits") for kind in ("weights", "biases")
+    ]
     assert spec["optimizer"] == {
         "name": "adam",
         "learning_rate": 1e-4,
@@ -62,12 +77,99 @@ def test_spec_of_the_bench_mlp():
     assert spec_of("tf2_pss", "gin/bench/mlp.gin")["variable_partitioner"] is None
 
 
+@pytest.mark.parametrize(
+    "config, batch", [("gin/bench/cifar10_b32.gin", 32), ("gin/bench/cifar10_b128.gin", 128)]
+)
+def test_spec_of_the_bench_cifar10(config, batch):
+    spec = spec_of("tf2_pss", config)
+    assert spec["model"] == {"name": "cifar10", "input_shape": [24, 24, 3], "num_classes": 10, "width": 64}
+    assert spec["optimizer"] == {"name": "sgd", "learning_rate": 0.01}
+    assert (spec["batch_size"], spec["intra_op_threads"], spec["inter_op_threads"]) == (batch, 1, 1)
+    shapes = {v["name"]: v["shape"] for v in spec["variables"]}
+    assert shapes == {
+        "conv1/weights": [5, 5, 3, 64],
+        "conv1/biases": [64],
+        "conv2/weights": [5, 5, 64, 64],
+        "conv2/biases": [64],
+        "local3/weights": [2304, 384],
+        "local3/biases": [384],
+        "local4/weights": [384, 192],
+        "local4/biases": [192],
+        "softmax_linear/weights": [192, 10],
+        "softmax_linear/biases": [10],
+    }
+    assert sum(math.prod(s) for s in shapes.values()) == 1_068_298  # 4.27 MB: model_zoo's 1.07M parameters
+
+
+# Builds the peer's own model from a spec, in eager mode in a process of its own (this one is in
+# graph mode), and prints its variables' names, shapes and bytes, as created (before sharding).
+PEER_MODEL = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import tf2_common as common
+model = common.build_model(json.load(open(sys.argv[2])))
+print(json.dumps([[common.variable_name(v), v.shape.as_list(), v.shape.num_elements() * v.dtype.size]
+                  for v in model.variables]))
+"""
+
+
+def _peer_model(spec: dict, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    peers = os.path.join(REPO, "disttrain", "bench", "peers")
+    argv = [sys.executable, "-c", PEER_MODEL, peers, str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+
+
+@pytest.mark.parametrize("config", ["gin/bench/mlp.gin", "gin/bench/cifar10_b32.gin"])
+def test_the_peers_model_is_model_zoos(config, tmp_path):
+    """Same math: the peer's variables have model_zoo's names, shapes and bytes, in the same order."""
+    spec = spec_of("tf2_pss", config)
+    done = _peer_model(spec, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+
+    def zoo(config_model):
+        with tf.Graph().as_default():
+            config_model.build_variables()
+            return [
+                [v.op.name, v.shape.as_list(), v.shape.num_elements() * v.dtype.size]
+                for v in v1.trainable_variables()
+            ]
+
+    assert built == with_config([config], lambda c: zoo(c.model))
+
+
+def test_a_peer_whose_model_differs_stops_with_one_line(tmp_path):
+    spec = spec_of("tf2_pss", "gin/bench/cifar10_b32.gin")
+    spec["model"]["width"] = 32  # the peer would build another network than the spec's variables
+    done = _peer_model(spec, tmp_path)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "the peer's Cifar10 has variable {'name': 'conv1/weights', 'shape': [5, 5, 3, 32]}"
+    )
+    assert "where model_zoo's has {'name': 'conv1/weights', 'shape': [5, 5, 3, 64]}" in last
+
+
 def test_bytes_per_pack_follows_the_buckets():
     assert bucket_bytes("gin/bench/mlp_b32.gin") == 32 * 2**20
 
 
 def test_a_model_the_peers_do_not_implement_is_refused():
-    with pytest.raises(tf2.PeerUnsupported, match="MLP only; the config's model is Cifar10"):
+    with pytest.raises(tf2.PeerUnsupported, match="MLP and Cifar10 only; the config's model is DLRM"):
+        spec_of("tf2_pss", "gin/bench/dlrm.gin")
+
+
+def test_a_model_with_batch_norm_is_refused(monkeypatch):
+    """Moving statistics are non-trainable variables the peers would never update."""
+
+    def build_with_batch_norm(self):
+        x = tf.zeros((1, 24, 24, 3))
+        layers.batch_norm(layers.conv2d(x, 4, 3, name="conv1"), training=True, name="bn1")
+
+    monkeypatch.setattr(cifar10.Cifar10, "build_variables", build_with_batch_norm)
+    with pytest.raises(tf2.PeerUnsupported, match="also has bn1/moving_mean, bn1/moving_variance"):
         spec_of("tf2_pss", "gin/bench/cifar10_b32.gin")
 
 
@@ -92,7 +194,8 @@ def test_peers_never_import_disttrain(path):
 
 # ---- both peers at tiny size on loopback, through bin/benchmark.py ------------------------------
 
-TINY_MLP = ["--gin_file=gin/bench/mlp.gin", f"--gin_file={TINY}", "--warmup_steps=10", "--measure_steps=20"]
+TINY_ARGS = [f"--gin_file={TINY}", "--warmup_steps=10", "--measure_steps=20", "--reference=false"]
+MODELS = {"mlp": "gin/bench/mlp.gin", "cifar10": "gin/bench/cifar10_b32.gin"}  # tiny: tiny.gin shrinks both
 
 
 def _check_peer_row(run: dict, system: str, workers: int) -> None:
@@ -106,9 +209,10 @@ def _check_peer_row(run: dict, system: str, workers: int) -> None:
 
 
 @pytest.mark.cluster
-def test_tf2_pss_two_workers_one_ps(tmp_path):
-    args = [*TINY_MLP, "--workers=2", "--ps=1", "--systems=tf2_pss", "--reference=false"]
-    done, report, _ = benchmark(args, tmp_path, timeout=120)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_tf2_pss_two_workers_one_ps(model, tmp_path):
+    args = [f"--gin_file={MODELS[model]}", *TINY_ARGS, "--workers=2", "--ps=1", "--systems=tf2_pss"]
+    done, report, _ = benchmark(args, tmp_path, timeout=180)
     assert done.returncode == 0, _explain(done)
     (run,) = report["runs"]
     _check_peer_row(run, "tf2_pss", 2)
@@ -119,16 +223,18 @@ def test_tf2_pss_two_workers_one_ps(tmp_path):
         False,
     )
     assert run["counted_steps_per_sec"] == pytest.approx(2 * run["min_worker_steps_per_sec"])
-    assert run["ps_loads"] == [27_688]  # the tiny MLP's bytes, all on the one PS, as the chief placed them
+    # The tiny model's bytes (MLP 27,688; CNN 70,056), all on the one PS, as the chief placed them.
+    assert run["ps_loads"] == [report["config"]["model_bytes"]]
     assert run["ps_load_max_over_mean"] == pytest.approx(1.0)
     lines = glob.glob(os.path.join(run["logdir"], "logs", "worker_*.lines"))
     assert len(lines) == 2  # the coordinator's lines, one file per worker
 
 
 @pytest.mark.cluster
-def test_tf2_mwms_two_workers(tmp_path):
-    args = [*TINY_MLP, "--workers=2", "--systems=tf2_mwms", "--reference=false"]
-    done, report, _ = benchmark(args, tmp_path, timeout=120)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_tf2_mwms_two_workers(model, tmp_path):
+    args = [f"--gin_file={MODELS[model]}", *TINY_ARGS, "--workers=2", "--systems=tf2_mwms"]
+    done, report, _ = benchmark(args, tmp_path, timeout=180)
     assert done.returncode == 0, _explain(done)
     (run,) = report["runs"]
     _check_peer_row(run, "tf2_mwms", 2)

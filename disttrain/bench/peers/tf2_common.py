@@ -8,16 +8,18 @@ it (the model's sizes, the optimizer's settings, the console format the
 benchmark reads back) comes in the JSON spec the benchmark writes
 (disttrain/bench/tf2.py).
 
-The model is the model_zoo MLP written with tf.Variable and tf.matmul: the same
-shapes, names and initializers (He truncated normal weights, zero biases),
-relu, softmax cross-entropy, and the same synthetic input (one fixed random
-batch per replica, repeated). The optimizer applies the same fused kernels as
-TF 1's optimizers (ResourceApplyAdam, ResourceApplyGradientDescent), so a step
-costs what disttrain's step costs.
+The models are model_zoo's MLP and CIFAR-10 CNN written with tf.Variable and
+tf.nn ops: the same layers, shapes, names and initializers (He truncated
+normal weights, zero biases), softmax cross-entropy, and the same synthetic
+input (one fixed random batch per replica, repeated); the spec lists
+model_zoo's variables and a peer checks its own against them. The optimizer
+applies the same fused kernels as TF 1's optimizers (ResourceApplyAdam,
+ResourceApplyGradientDescent), so a step costs what disttrain's step costs.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -160,37 +162,117 @@ def components(var) -> list:
     return list(getattr(var, "variables", None) or [var])
 
 
-class MLP:
-    """model_zoo's MLP: dense layers `fc1..fcK` with relu, then `logits`; softmax cross-entropy."""
+class Model:
+    """Layers of weights and biases, as model_zoo.layers names them; softmax cross-entropy of `logits`.
 
-    def __init__(self, input_dim: int, hidden_sizes: list[int], num_classes: int):
-        self.input_dim, self.num_classes = input_dim, num_classes
-        self.layers = []
-        fan_in = input_dim
-        names = [f"fc{i + 1}" for i in range(len(hidden_sizes))] + ["logits"]
-        for name, units in zip(names, [*hidden_sizes, num_classes], strict=True):
-            w = _variable(f"{name}/weights", [fan_in, units], he_truncated_normal)
-            b = _variable(f"{name}/biases", [units], zeros)
-            self.layers.append((w, b))
-            fan_in = units
+    Subclasses create their layers with `_layer` in model_zoo's order and
+    implement `logits(features)`.
+    """
+
+    def __init__(self):
+        self.layers: dict[str, tuple] = {}
+
+    def _layer(self, name: str, weights_shape: list[int]) -> None:
+        w = _variable(f"{name}/weights", weights_shape, he_truncated_normal)
+        b = _variable(f"{name}/biases", weights_shape[-1:], zeros)
+        self.layers[name] = (w, b)
+
+    def _dense(self, x: tf.Tensor, name: str, relu: bool = True) -> tf.Tensor:
+        w, b = self.layers[name]
+        x = tf.reshape(x, [-1, w.shape[0]])  # flattened as model_zoo.layers.dense does
+        x = tf.nn.bias_add(tf.matmul(x, w), b)  # a sharded w is read whole, its parts concatenated
+        return tf.nn.relu(x) if relu else x
 
     @property
     def variables(self) -> list:
         """As created (each may be sharded)."""
-        return [v for layer in self.layers for v in layer]
+        return [v for layer in self.layers.values() for v in layer]
 
     @property
     def trainable(self) -> list:
         """Every variable's parts: what gradients are taken for and updates applied to."""
         return [part for v in self.variables for part in components(v)]
 
+    def logits(self, features: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError
+
     def loss(self, features: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        logits = self.logits(features)
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+
+class MLP(Model):
+    """model_zoo's MLP: dense layers `fc1..fcK` with relu, then `logits`."""
+
+    def __init__(self, input_shape: list[int], num_classes: int, hidden_sizes: list[int]):
+        super().__init__()
+        (fan_in,) = input_shape
+        names = [f"fc{i + 1}" for i in range(len(hidden_sizes))] + ["logits"]
+        for name, units in zip(names, [*hidden_sizes, num_classes], strict=True):
+            self._layer(name, [fan_in, units])
+            fan_in = units
+
+    def logits(self, features: tf.Tensor) -> tf.Tensor:
         x = features
-        for i, (w, b) in enumerate(self.layers):
-            x = tf.nn.bias_add(tf.matmul(x, w), b)  # a sharded w is read whole, its parts concatenated
-            if i < len(self.layers) - 1:
-                x = tf.nn.relu(x)
-        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=x))
+        for name in list(self.layers)[:-1]:
+            x = self._dense(x, name)
+        return self._dense(x, "logits", relu=False)
+
+
+def _lrn(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.local_response_normalization(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+
+
+def _conv_relu(x: tf.Tensor, w, b) -> tf.Tensor:
+    return tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, strides=[1, 1, 1, 1], padding="SAME"), b))
+
+
+def _max_pool(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.max_pool2d(x, 3, 2, "SAME")
+
+
+class Cifar10(Model):
+    """model_zoo's CIFAR-10 CNN: conv5x5 - pool - lrn - conv5x5 - lrn - pool - fc - fc - logits.
+
+    No batch norm and no dropout, as in model_zoo; the same local response
+    normalisation, 3x3/2 max pools (SAME) and 5x5 convolutions (SAME).
+    """
+
+    def __init__(self, input_shape: list[int], num_classes: int, width: int):
+        super().__init__()
+        height, breadth, channels = input_shape
+        self._layer("conv1", [5, 5, channels, width])
+        self._layer("conv2", [5, 5, width, width])
+        pooled = lambda n: math.ceil(math.ceil(n / 2) / 2)  # two SAME pools of stride 2
+        self._layer("local3", [pooled(height) * pooled(breadth) * width, 6 * width])
+        self._layer("local4", [6 * width, 3 * width])
+        self._layer("softmax_linear", [3 * width, num_classes])
+
+    def logits(self, features: tf.Tensor) -> tf.Tensor:
+        x = _lrn(_max_pool(_conv_relu(features, *self.layers["conv1"])))
+        x = _max_pool(_lrn(_conv_relu(x, *self.layers["conv2"])))
+        x = self._dense(x, "local3")
+        x = self._dense(x, "local4")
+        return self._dense(x, "softmax_linear", relu=False)
+
+
+MODELS = {"mlp": MLP, "cifar10": Cifar10}
+
+
+def build_model(spec: dict) -> Model:
+    """The spec's model, its variables created here; exits if they differ from model_zoo's (the spec's list).
+
+    The benchmark writes model_zoo's own variables (name, shape) into the
+    spec, so a peer that would train other math than disttrain stops before
+    its first step.
+    """
+    params = dict(spec["model"])
+    model = MODELS[params.pop("name")](**params)
+    mine = [{"name": variable_name(v), "shape": v.shape.as_list()} for v in model.variables]
+    for ours, zoo in itertools.zip_longest(mine, spec["variables"]):
+        if ours != zoo:
+            sys.exit(f"the peer's {type(model).__name__} has variable {ours} where model_zoo's has {zoo}")
+    return model
 
 
 def synthetic(spec: dict, replica_index) -> tf.data.Dataset:
@@ -198,7 +280,7 @@ def synthetic(spec: dict, replica_index) -> tf.data.Dataset:
     m, batch, seed = spec["model"], spec["batch_size"], spec["seed"]
     index = tf.cast(replica_index, tf.int64)
     features = tf.random.stateless_uniform(
-        (batch, m["input_dim"]), seed=tf.stack([tf.constant(seed, tf.int64), index]), dtype=tf.float32
+        (batch, *m["input_shape"]), seed=tf.stack([tf.constant(seed, tf.int64), index]), dtype=tf.float32
     )
     labels = tf.random.stateless_uniform(
         (batch,),
@@ -275,6 +357,11 @@ class Optimizer:
 
 def _base_name(var) -> str:
     return var.name.split(":")[0]
+
+
+def variable_name(var) -> str:
+    """The name a variable was created with; a sharded one's from its first part (`<name>/part_0`)."""
+    return _base_name(components(var)[0]).removesuffix("/part_0")
 
 
 def ps_bytes(variables: list, num_ps: int) -> list[int]:

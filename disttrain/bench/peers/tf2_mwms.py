@@ -39,7 +39,7 @@ def main() -> None:
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     with strategy.scope():
-        model = common.MLP(**spec["model"])
+        model = common.build_model(spec)
     # Synchronous: every replica counts the same steps, so each keeps its own count (not mirrored).
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     with strategy.scope():

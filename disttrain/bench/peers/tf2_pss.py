@@ -86,7 +86,7 @@ def coordinate(spec: dict, cluster: dict) -> None:
     strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = common.MLP(**spec["model"])
+        model = common.build_model(spec)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         optimizer = common.Optimizer(spec, model.trainable, strategy.extended.colocate_vars_with, step)
     loads = common.ps_bytes(model.trainable, num_ps)
