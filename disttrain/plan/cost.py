@@ -137,6 +137,7 @@ class Strategy:
 
     kind: str = ASYNC_PS
     overlap: bool = False  # AsyncParameterServer(overlap=True)
+    piece_bytes: int | None = None  # PS strategies: variables cut into pieces moved in waves
     bucket_bytes: int = 4 * 2**20  # SyncAllReduce
     transfer_bits: int = 32  # 16: bfloat16/float16 on the wire
     backup_workers: int = 0  # SyncParameterServer
@@ -150,6 +151,8 @@ class Strategy:
         parts = [self.kind]
         if self.kind == ASYNC_PS and self.overlap:
             parts.append("overlap")
+        if self.uses_ps and self.piece_bytes:
+            parts.append(f"{self.piece_bytes / 2**20:g} MiB pieces")
         if self.kind == ALLREDUCE:
             parts.append(f"{self.bucket_bytes / 2**20:g} MiB buckets")
         if self.transfer_bits == 16:
@@ -433,7 +436,10 @@ def _worker_path(
     if strategy.kind == ASYNC_PS and strategy.overlap:
         latency = 2 * rtt  # push, update, pull: in series, beside the step
         lookup = t.rows_remote / rate + rtt if t.rows_remote else 0.0  # rows: fetched inside the step
-        return max(compute + steal + lookup, 2 * phase + latency), latency
+        # In pieces, each piece is pulled back while the next ones are pushed (full duplex): the
+        # round is one push plus the last piece's pull, not a push and a whole pull.
+        pull = phase * min(1.0, strategy.piece_bytes / max(t.remote, 1.0)) if strategy.piece_bytes else phase
+        return max(compute + steal + lookup, phase + pull + latency), latency
     if strategy.kind == ASYNC_PS:
         latency = 2 * rtt  # pull before the step, push during backprop
         return latency + phase + pipelined(fwd, bwd, phase, t.chunks, 0) + steal, latency

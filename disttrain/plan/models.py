@@ -154,6 +154,7 @@ def strategy_from_config(
     return cost.Strategy(
         kind=kind,
         overlap=bool(getattr(built, "overlap", False)),
+        piece_bytes=getattr(built, "piece_bytes", None),
         bucket_bytes=int(getattr(built, "bucket_bytes", 4 * 2**20)),
         transfer_bits=16 if dtype is not None and dtype.size == 2 else 32,
         backup_workers=int(getattr(built, "backup_workers", 0)),

@@ -117,6 +117,19 @@ def test_full_duplex_push_and_pull_share_the_link():
     assert d.round_time == pytest.approx(4.0)
 
 
+def test_pieces_pull_each_one_back_while_the_next_is_pushed():
+    # 1 worker host + 1 PS host, D = 100 MB at 100 MB/s: a push of 1 s, then a pull of 1 s. In
+    # 10 MB pieces each piece comes back while the later ones go out: 1 s of push and the last
+    # piece's 0.1 s of pull.
+    shape = cost.Shape(hosts=1, ps=1, ps_hosts=cost.DEDICATED, link_gbit=0.8)
+    whole = cost.predict(model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
+    pieces = cost.predict(
+        model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True, piece_bytes=10 * MB), BARE
+    )
+    assert whole.round_time == pytest.approx(2.0)
+    assert pieces.round_time == pytest.approx(1.1)
+
+
 def test_latency_bound_small_tensors():
     # D = 1 MB in 4 KiB buckets: 245 buckets (ceil(1e6 / 4096)), each a ring of 8 hosts: 2 x 7 = 14
     # hops one after another at 0.5 ms: 245 x 14 x 0.5 ms = 1.715 s, against 2 x 1 MB x 7/8 / 1.25
