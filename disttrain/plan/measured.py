@@ -62,12 +62,18 @@ def check_run(
     if run.get("counted_steps_per_sec") is None:
         raise cost.PlanError(f"run {run['system']} N={run['workers']} P={run['ps']} has no measurement")
     # One compute thread's step is the reference's CPU per step: its wall time also counts the
-    # cores other processes took in its window, which the run's own window need not share.
-    compute = report["reference"].get("cpu_seconds_per_step") or 1.0 / reference
-    model = model.replace(step_time=compute, compute_cpu=compute)
-    placement = cost.ROUND_ROBIN if run["system"] == "tf_default" else cost.DISTTRAIN
+    # cores other processes took in its window, which the run's own window need not share. With
+    # more than one inter-op thread the reference may compute on two cores at once: then its
+    # wall time is the step, and its CPU seconds are still what it takes from the machine.
+    cpu = report["reference"].get("cpu_seconds_per_step") or 1.0 / reference
+    model = model.replace(step_time=min(cpu, 1.0 / reference), compute_cpu=cpu)
+    system = run["system"]
+    # TF's round robin: TF 1's default and TF 2's PSS default; MinSizePartitioner balances by size.
+    placement = cost.ROUND_ROBIN if system in ("tf_default", "tf2_pss") else cost.DISTTRAIN
     strategy = dataclasses.replace(strategy, kind=run["strategy"], placement=placement)
-    if run["strategy"] != cost.ASYNC_PS or run["system"] == "tf_default":  # TF's default never overlaps
+    if system != "disttrain":  # neither TF's default nor TF 2 overlaps or cuts pieces
+        strategy = dataclasses.replace(strategy, overlap=False, piece_bytes=None)
+    elif run["strategy"] != cost.ASYNC_PS:
         strategy = dataclasses.replace(strategy, overlap=False)
     p = cost.predict(model, shape_of(report, run), strategy, constants)
     label = (
