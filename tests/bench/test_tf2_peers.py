@@ -78,13 +78,14 @@ def test_spec_of_the_bench_mlp():
 
 
 @pytest.mark.parametrize(
-    "config, batch", [("gin/bench/cifar10_b32.gin", 32), ("gin/bench/cifar10_b128.gin", 128)]
+    "config, batch, inter_op",
+    [("gin/bench/cifar10_b32.gin", 32, 2), ("gin/bench/cifar10_b128.gin", 128, 1)],  # the configs' threads
 )
-def test_spec_of_the_bench_cifar10(config, batch):
+def test_spec_of_the_bench_cifar10(config, batch, inter_op):
     spec = spec_of("tf2_pss", config)
     assert spec["model"] == {"name": "cifar10", "input_shape": [24, 24, 3], "num_classes": 10, "width": 64}
     assert spec["optimizer"] == {"name": "sgd", "learning_rate": 0.01}
-    assert (spec["batch_size"], spec["intra_op_threads"], spec["inter_op_threads"]) == (batch, 1, 1)
+    assert (spec["batch_size"], spec["intra_op_threads"], spec["inter_op_threads"]) == (batch, 1, inter_op)
     shapes = {v["name"]: v["shape"] for v in spec["variables"]}
     assert shapes == {
         "conv1/weights": [5, 5, 3, 64],
