@@ -61,7 +61,12 @@ def run_and_kill(tmp_path, victim_index, after_pattern=r"step [1-9]\d\d ", gin_p
 
 
 def test_killed_worker_is_named_restarted_and_rejoins_while_the_others_train(tmp_path):
-    cluster, victim, _, codes = run_and_kill(tmp_path, victim_index=2, num_ps=1, num_workers=2)
+    # Steps enough that the survivor is still training when the restarted worker is back (a new
+    # process takes seconds; the survivor alone runs 500 tiny steps in about as many). A worker
+    # that comes back after the last step trains nothing, as it should.
+    cluster, victim, _, codes = run_and_kill(
+        tmp_path, victim_index=2, num_ps=1, num_workers=2, gin_params=["TrainConfig.train_steps=3000"]
+    )
     assert victim.name == "/job:worker/task:1"
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
     assert any("/job:worker/task:1 died (signal 9); restarting" in e for e in cluster.events), cluster.events
