@@ -383,3 +383,28 @@ def _zeros_like(var, suffix: str) -> tf.Variable:
         trainable=False,
         name=f"{_base_name(var)}/{suffix}",
     )
+
+
+def replica_steps(strategy, model: Model, optimizer: Optimizer, steps: int, reduce=None):
+    """`run(iterator) -> (loss, global step)`: `steps` replica steps, for the body of a tf.function.
+
+    `reduce(grads)` combines the replicas' gradients before the update (MWMS's
+    all-reduce); None applies each replica's own (PSS).
+    """
+
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = model.loss(features, labels)
+        grads = tape.gradient(loss, model.trainable)
+        if reduce is not None:
+            grads = reduce(grads)
+        return loss, optimizer.apply(grads, model.trainable)
+
+    def run(iterator):
+        loss, global_step = tf.constant(0.0), tf.constant(0, tf.int64)
+        for _ in tf.range(steps):
+            features, labels = next(iterator)
+            loss, global_step = strategy.run(replica_step, args=(features, labels))
+        return loss, global_step
+
+    return run

@@ -49,23 +49,19 @@ def main() -> None:
     )
     iterator = iter(dataset)
     steps_per_function = spec["steps_per_function"]
+    steps = common.replica_steps(
+        strategy,
+        model,
+        optimizer,
+        steps_per_function,
+        lambda grads: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.MEAN, grads, options=options
+        ),
+    )
 
     @tf.function
     def train_steps(iterator):
-        def replica_step(features, labels):
-            with tf.GradientTape() as tape:
-                loss = model.loss(features, labels)
-            grads = tape.gradient(loss, model.trainable)
-            grads = tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.MEAN, grads, options=options
-            )
-            return loss, optimizer.apply(grads, model.trainable)
-
-        loss, global_step = tf.constant(0.0), tf.constant(0, tf.int64)
-        for _ in tf.range(steps_per_function):
-            features, labels = next(iterator)
-            loss, global_step = strategy.run(replica_step, args=(features, labels))
-        return loss, global_step
+        return steps(iterator)
 
     task = common.task_name(common.WORKER, index)
     batch = spec["batch_size"]

@@ -105,19 +105,11 @@ def coordinate(spec: dict, cluster: dict) -> None:
 
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
     steps_per_function = spec["steps_per_function"]
+    steps = common.replica_steps(strategy, model, optimizer, steps_per_function)
 
     @tf.function
     def train_steps(iterator):
-        def replica_step(features, labels):
-            with tf.GradientTape() as tape:
-                loss = model.loss(features, labels)
-            grads = tape.gradient(loss, model.trainable)
-            return loss, optimizer.apply(grads, model.trainable)
-
-        loss, global_step = tf.constant(0.0), tf.constant(0, tf.int64)
-        for _ in tf.range(steps_per_function):
-            features, labels = next(iterator)
-            loss, global_step = strategy.run(replica_step, args=(features, labels))
+        loss, global_step = steps(iterator)
         with tf.control_dependencies([loss, global_step]):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             return worker, global_step, tf.timestamp(), loss
