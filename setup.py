@@ -58,6 +58,7 @@ setup(
             "disttrain-launch-local=disttrain.scripts.launch_local:run",
             "disttrain-benchmark=disttrain.scripts.benchmark:run",
             "disttrain-plan=disttrain.scripts.plan:run",
+            "disttrain-link-probe=disttrain.scripts.link_probe:run",
         ]
     },
 )

@@ -70,8 +70,10 @@ carries per global step), capped by N / C. Bound step time / measured step
 time is the efficiency against the bound. With B unlimited (loopback) the
 bound is N / C: N x one process alone, the ideal line.
 
-Not in the bound: per-message and header overhead (TCP goodput is ~0.95 of a
-tbf link's rate, so a network-bound run cannot exceed ~0.95), imbalance
+Not in the bound: per-message and header overhead (plain TCP carries
+0.95-0.96 of a tbf link's rate as payload, TF's ring all-reduce 0.85-0.90 on
+4 hosts: link_probe.py measures both, so a network-bound run cannot exceed
+about those), imbalance
 between PS tasks (reported separately: the bound is for the balanced layout),
 CPU that the transfers themselves cost, hosts sharing one machine's cores
 (emulated hosts do: see the report's `cpus`), and R's variation from step to

@@ -135,3 +135,19 @@ def test_plan_from_any_directory_with_a_shipped_config(installed, tmp_path):
     assert done.returncode == 0, explain(done)
     assert "scaling efficiency" in done.stdout and "what to change" in done.stdout
     assert json.loads(out.read_text())
+
+
+def test_link_probe_is_installed_with_its_host_program(installed):
+    # Bad input is refused before any host is built (no root needed); the per-host
+    # program it starts by path must ship inside the package.
+    done = run(installed, "disttrain-link-probe", "--methods=udp")
+    assert done.returncode == 2, explain(done)
+    assert "--methods entry 'udp'" in done.stderr.strip().splitlines()[-1]
+    bin_dir, _ = installed
+    done = run(
+        installed,
+        str(bin_dir / "python"),
+        "-c",
+        "import os; from disttrain.bench import link_probe as p; print(os.path.isfile(p.TASK))",
+    )
+    assert done.stdout.strip() == "True", explain(done)
