@@ -79,6 +79,11 @@ class TrainConfig(RunSettings):
     batch_size: examples per tower (device) per step.
     train_steps: training stops when the global step reaches this.
     eval_steps: batches per checkpoint for an evaluator task.
+    eval_input_fn: what an evaluator task reads, with input_fn's signature: a
+      held-out split (e.g. `@eval/imagenet_input` with its own file_pattern and
+      training=False). Each checkpoint is evaluated on the same first
+      eval_steps batches. None: input_fn, and the evaluator says that it
+      measures training data.
     """
 
     model: object = None
@@ -88,6 +93,7 @@ class TrainConfig(RunSettings):
     batch_size: int = 32
     train_steps: int = 1000
     eval_steps: int = 10
+    eval_input_fn: Callable | None = None
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError naming the first missing or impossible setting."""

@@ -322,11 +322,19 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -
 
 
 def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    """Evaluate each new checkpoint on the input pipeline's data; stop after the last one."""
+    """Evaluate each new checkpoint on the same batches of the eval input; stop after the last one."""
     model = config.model
     eval_dir = os.path.join(logdir, "eval")
+    input_fn = config.eval_input_fn
+    if input_fn is None:
+        log.warning(
+            "evaluator: TrainConfig.eval_input_fn is not set, so it evaluates on the training input "
+            "(bind it to a held-out split for a held-out accuracy)"
+        )
+        input_fn = config.input_fn
     with tf.Graph().as_default():
-        dataset = config.input_fn(model, config.batch_size, 0, 1)
+        dataset = input_fn(model, config.batch_size, 0, 1)
+        # A session per checkpoint: each starts the iterator afresh, so all see the same batches.
         features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
         logits = model(features, training=False)
         loss = model.loss(logits, labels)

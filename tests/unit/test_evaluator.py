@@ -1,0 +1,78 @@
+"""The evaluator role in-process, beside a local run that writes its checkpoints."""
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+
+import gin
+import tensorflow as tf
+
+from disttrain import cli, launch
+from disttrain.cluster import EVALUATOR, Cluster
+from tests import REPO
+from tests.cluster.helpers import scalars
+
+EVALUATOR_TASK = Cluster(jobs={"worker": ["localhost:1"]}, task_type=EVALUATOR, task_index=0)
+
+
+def tiny_config(steps: int):
+    gin.clear_config()
+    return cli.train_config(
+        [os.path.join(REPO, "gin", "mlp_async.gin"), os.path.join(REPO, "gin", "testing", "tiny.gin")],
+        [f"TrainConfig.train_steps={steps}", "TrainConfig.eval_steps=3"],
+    )
+
+
+def train(steps: int, logdir: str) -> None:
+    with tf.Graph().as_default():  # a task process builds one graph; here each run gets its own
+        assert launch.run(Cluster.local(), tiny_config(steps), logdir) == 0
+
+
+def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, caplog):
+    logdir = str(tmp_path)
+    calls, consumed = [], []
+
+    def held_out(model, batch_size, replica_index, num_replicas):
+        """Batch i is a pure function of i; which ones the evaluator reads is recorded."""
+        calls.append((batch_size, replica_index, num_replicas))
+
+        def batch(i):
+            record = tf.py_function(lambda i: consumed.append(int(i)) or i, [i], tf.int64)
+            shape = (batch_size, *model.input_shape)
+            features = tf.random.stateless_uniform(shape, seed=tf.stack([record, 1]))
+            labels = tf.random.stateless_uniform(
+                (batch_size,), [i, 2], maxval=model.num_classes, dtype=tf.int32
+            )
+            return features, labels
+
+        return tf.data.Dataset.range(1000).map(batch)
+
+    final = dataclasses.replace(tiny_config(4), eval_input_fn=held_out)
+    evaluator = threading.Thread(target=launch.run, args=(EVALUATOR_TASK, final, logdir))
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        evaluator.start()
+        train(2, logdir)  # a checkpoint at step 2
+        deadline = time.monotonic() + 60
+        while len(consumed) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        train(4, logdir)  # and one at step 4
+        evaluator.join(timeout=120)
+    assert not evaluator.is_alive()
+    assert [step for step, _ in scalars(os.path.join(logdir, "eval"), "eval/loss")] == [2, 4]
+    assert calls == [(final.batch_size, 0, 1)]  # the whole eval input, not a replica's share
+    # The same first eval_steps batches for each checkpoint (tf.data may read a few ahead).
+    starts = [k for k, i in enumerate(consumed) if i == 0]
+    assert len(starts) == 2, consumed
+    assert all(consumed[k : k + 3] == [0, 1, 2] for k in starts), consumed
+    assert "eval_input_fn is not set" not in caplog.text
+
+
+def test_without_eval_input_fn_the_evaluator_says_it_measures_training_data(tmp_path, caplog):
+    train(2, str(tmp_path))
+    config = tiny_config(2)
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        assert launch.run(EVALUATOR_TASK, config, str(tmp_path)) == 0
+    assert scalars(os.path.join(str(tmp_path), "eval"), "eval/loss")
+    assert "evaluates on the training input" in caplog.text
