@@ -21,6 +21,7 @@ building the graph as `launch.dry_run` does, how many bytes each PS holds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import shutil
@@ -80,6 +81,18 @@ TF2_PSS = StrategyKind("async_ps", "ParameterServerStrategy", synchronous=False,
 TF2_MWMS = StrategyKind("allreduce", "MultiWorkerMirroredStrategy", synchronous=True, uses_ps=False)
 
 
+_logdirs = itertools.count(1)
+
+
+def new_logdir(root: str = "/tmp/disttrain_bench") -> str:
+    """A log directory of one benchmark's own (time, pid, serial), not yet created.
+
+    Each run's directory is emptied before the run, so two benchmarks sharing
+    one would delete each other's logs while they run.
+    """
+    return os.path.join(root, f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_logdirs)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """What to run. Worker and PS counts are per run; every combination is run per system."""
@@ -102,7 +115,7 @@ class BenchConfig:
     quiet_cores: float | None = None  # before each run, wait until others use fewer cores
     quiet_timeout: float = 600.0  # seconds to wait for that at most
     run_timeout: float = 900.0  # seconds per run
-    logdir: str = "/tmp/disttrain_bench"
+    logdir: str = dataclasses.field(default_factory=new_logdir)
     netns_prefix: str = "dtbench"
 
 

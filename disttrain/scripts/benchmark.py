@@ -46,7 +46,12 @@ flags.DEFINE_integer("repeats", 1, "Run everything this many times, interleaved;
 flags.DEFINE_float("quiet_cores", None, "Before each run, wait until other processes use fewer cores.")
 flags.DEFINE_float("quiet_timeout", 600, "Seconds to wait for --quiet_cores at most, then go ahead.")
 flags.DEFINE_float("run_timeout", 900, "Seconds before a run that has not finished measuring fails.")
-flags.DEFINE_string("logdir", "/tmp/disttrain_bench", "Where every run's task logs go.")
+flags.DEFINE_string(
+    "logdir",
+    None,
+    "Where every run's task logs go, emptied run by run (default: a new directory under "
+    "/tmp/disttrain_bench per invocation, so that benchmarks running at once keep their logs).",
+)
 flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
 FLAGS = flags.FLAGS
 
@@ -88,7 +93,7 @@ def main(argv):
         quiet_cores=FLAGS.quiet_cores,
         quiet_timeout=FLAGS.quiet_timeout,
         run_timeout=FLAGS.run_timeout,
-        logdir=FLAGS.logdir,
+        logdir=FLAGS.logdir or runner.new_logdir(),
     )
     say = lambda line: print(line, flush=True)
     save = (lambda r: report_lib.write_json(r, out)) if out else None

@@ -14,7 +14,7 @@ import gin
 import pytest
 
 from disttrain import configurables
-from disttrain.bench import netem
+from disttrain.bench import netem, runner
 from tests import REPO
 
 BENCHMARK = os.path.join(REPO, "bin", "benchmark.py")
@@ -219,3 +219,11 @@ def test_bench_configs_parse(path):
     finally:
         gin.clear_config()
     assert config.intra_op_threads == 1
+
+
+def test_each_benchmark_gets_its_own_log_directory():
+    # Runs' directories are emptied before each run: a shared default would let two
+    # benchmarks running at once delete each other's logs.
+    first, second = (runner.BenchConfig(gin_files=[], load_config=None).logdir for _ in range(2))
+    assert first != second
+    assert os.path.dirname(first) == os.path.dirname(second) == "/tmp/disttrain_bench"
