@@ -181,10 +181,12 @@ class Strategy(abc.ABC):
         many devices it has. Gradients are taken with respect to the copies.
         Embedding tables (the plan's) are never copied: each tower looks its
         rows up where the table is. Other variables (Keras layers) are read by
-        each tower where they are.
+        each tower where they are, and their gathers run where they are too
+        (`sparse.gather_on_tables`).
         """
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         setter = self.setter
+        graph = v1.get_default_graph()
         read = read or tf.identity
         tables = self.tables or frozenset()
 
@@ -212,8 +214,10 @@ class Strategy(abc.ABC):
                     v1.get_variable_scope(), reuse=True if i > 0 else None, custom_getter=caching_getter
                 ),
             ):
+                before = len(graph.get_operations())
                 loss = loss_fn()
                 copies = [pair for _, pairs in cached.values() for pair in pairs]
+                sparse.gather_on_tables(graph.get_operations()[before:], keep=[c for c, _ in copies])
                 # Variables get_variable did not make (Keras layers, tf.Variable) have no copy:
                 # the towers read them where they are, and their gradients are taken directly.
                 copied = {v.ref() for _, v in copies}
@@ -234,6 +238,8 @@ class Strategy(abc.ABC):
         `read` (see _build_towers) needs a loss function, even with one tower.
         With piece_bytes and PS tasks, the default read brings the variables
         over in waves, in the order the model asks for them (see `waves`).
+        Gathers from whole reads of a variable (Keras' Embedding) are moved
+        onto the variable before any gradient is taken (`sparse.gather_on_tables`).
         """
         if read is None and callable(loss) and self.piece_bytes and self.uses_ps and self.cluster.num_ps:
             read = self._ordered_read()
@@ -244,14 +250,18 @@ class Strategy(abc.ABC):
                     "to get a loss function, not a loss tensor"
                 )
             self.loss = loss
+            sparse.gather_on_tables(loss.graph.get_operations())
             return [
                 (g, v)
                 for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
         if self.num_towers == 1 and read is None:
+            graph = v1.get_default_graph()
+            before = len(graph.get_operations())
             with self.setter.tower(self.compute_devices[0]):
                 self.loss = loss()
+            sparse.gather_on_tables(graph.get_operations()[before:])
             return [
                 (g, v)
                 for g, v in optimizer.compute_gradients(self.loss, gate_gradients=self.gate_gradients)

@@ -1,6 +1,6 @@
-"""The tiny DLRM (gin/testing/tiny.gin) on real clusters, in the three strategies.
+"""The tiny DLRM (gin/testing/tiny.gin) on real clusters, in the three strategies; a Keras table.
 
-Each run is a LocalCluster of bin/train.py processes on loopback. The
+Each DLRM run is a LocalCluster of bin/train.py processes on loopback. The
 shipped experiment files are used as they are, shrunk by the tiny overlay;
 all-reduce is told to exchange even these small tables as rows, so the
 all-gather path runs.
@@ -8,13 +8,17 @@ all-gather path runs.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from disttrain.launch import read_results
+from disttrain.local import free_port, task_env
 from model_zoo.dlrm import DLRM
 from tests.cluster.helpers import TINY, describe_failure, run_timed, train_py, variables
 
@@ -85,3 +89,59 @@ def test_sync_ps_with_tables_equals_one_process_with_the_summed_batch(tmp_path):
     for name in tables:  # and training moved the rows it looked up (the comparison is not vacuous)
         start = tf.train.load_checkpoint(os.path.join(tmp_path, f"model.ckpt-{START}")).get_tensor(name)
         assert not np.allclose(start, want[name])
+
+
+KERAS_TABLE = """
+import sys
+
+import keras
+import tensorflow as tf
+
+import disttrain
+
+table = keras.layers.Embedding(50_000, 16, embeddings_initializer="zeros")  # 3.2 MB
+
+
+def loss_fn():
+    ids = tf.random.uniform([32, 4], maxval=100, dtype=tf.int64)  # ids repeat within and across steps
+    prediction = tf.reduce_sum(table(ids), axis=[1, 2])
+    return tf.reduce_mean(tf.square(prediction - 1.0))  # 1.0 at the start
+
+
+disttrain.fit(
+    loss_fn,
+    lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    strategy=disttrain.AsyncParameterServer,
+    steps=30,
+    logdir=sys.argv[1],
+    batch_size=32,
+)
+"""
+
+
+def test_a_keras_embedding_trains_on_a_ps_and_is_looked_up_there(tmp_path):
+    """Keras 3 gathers from a read of its whole table; disttrain moves the gather onto the table."""
+    script, logdir = tmp_path / "keras_table.py", tmp_path / "logdir"
+    script.write_text(KERAS_TABLE)
+    cluster = {job: [f"127.0.0.1:{free_port()}"] for job in ("ps", "worker")}
+    procs = {}
+    for job in cluster:
+        env = task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": 0}})
+        log = open(tmp_path / f"{job}.log", "w")
+        procs[job] = subprocess.Popen(
+            [sys.executable, str(script), str(logdir)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        codes = {job: p.wait(timeout=150) for job, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = "\n".join(f"--- {job}\n{(tmp_path / f'{job}.log').read_text()[-3000:]}" for job in procs)
+    assert codes == {"ps": 0, "worker": 0}, text
+    # The placement report counts the table as one: the graph reads it by rows (a ResourceGather).
+    assert "in embedding tables" in text, text
+    (result,) = read_results(str(logdir)).values()
+    assert result["global_step"] == 30 and result["final_loss"] < 0.5, result

@@ -1,24 +1,29 @@
 """Embedding tables in every strategy, on built graphs and in-process: rows move, tables never do.
 
 The model is what a user would write: a `get_variable` table looked up with
-`tf.nn.embedding_lookup` (ids repeated in the batch), a dense layer, Adagrad.
+`tf.nn.embedding_lookup` (ids repeated in the batch), a dense layer, Adagrad;
+or the same with the table a Keras 3 `Embedding` layer, whose lookups
+`sparse.gather_on_tables` moves onto the table.
 """
 
 import itertools
 import re
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParameterServer, placement
 from disttrain.errors import ConfigError
+from disttrain.local import free_port
 from disttrain.optimizers import LazyAdamOptimizer
-from disttrain.strategies import allreduce, base, sync_ps
+from disttrain.strategies import allreduce, base, sparse, sync_ps
 
 v1 = tf.compat.v1
 
 ROWS, DIM = 1000, 8
+KERAS_ROWS = 10_000  # 320 KB: above sparse.READ_WHOLE_MAX_BYTES, so looked up by rows
 IDS = [[1, 5, 5, 999], [3, 3, 3, 500]]
 
 
@@ -26,14 +31,35 @@ def ps_cluster(num_ps=2, task=0):
     return Cluster.from_hosts("worker", task, [f"p{i}:1" for i in range(num_ps)], ["w0:1", "w1:1"])
 
 
-def loss_fn(lookup=tf.nn.embedding_lookup):
+def loss_fn(lookup=tf.nn.embedding_lookup, initial=None):
+    """The get_variable model; `initial`: the table's first values (default: TF's initializer)."""
+
     def build():
-        table = v1.get_variable("emb", [ROWS, DIM])
-        x = tf.reduce_sum(lookup(table, tf.constant(IDS, tf.int64)), axis=1)
-        w = v1.get_variable("w", [DIM, 1])
-        return tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+        init = None if initial is None else v1.constant_initializer(initial)
+        table = v1.get_variable("emb", [ROWS, DIM] if initial is None else initial.shape, initializer=init)
+        return head(lookup(table, tf.constant(IDS, tf.int64)), seeded=initial is not None)
 
     return build
+
+
+def keras_loss_fn(initial=None):
+    """The same model with the table a Keras 3 Embedding: one layer, built by the first call, shared."""
+    init = "uniform" if initial is None else keras.initializers.Constant(initial)
+    layer = keras.layers.Embedding(KERAS_ROWS, DIM, embeddings_initializer=init, name="emb")
+
+    def build():
+        return head(layer(tf.constant(IDS, tf.int64)), seeded=initial is not None)
+
+    return build
+
+
+def head(rows, seeded=False):
+    x = tf.reduce_sum(rows, axis=1)
+    w = v1.get_variable("w", [DIM, 1], initializer=v1.constant_initializer(0.1) if seeded else None)
+    return tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+
+
+MODELS = {"embedding_lookup": loss_fn, "keras": keras_loss_fn}
 
 
 STRATEGIES = {
@@ -45,12 +71,12 @@ STRATEGIES = {
 }
 
 
-def build(make, lookup=tf.nn.embedding_lookup):
+def build(make, lookup=tf.nn.embedding_lookup, model=None):
     graph = tf.Graph()
     with graph.as_default():
         strategy = make()
         with strategy.scope():
-            train_op = strategy.minimize(v1.train.AdagradOptimizer(0.1), loss_fn(lookup))
+            train_op = strategy.minimize(v1.train.AdagradOptimizer(0.1), model or loss_fn(lookup))
     return graph, strategy, train_op
 
 
@@ -68,7 +94,7 @@ def table_parts(graph) -> list[tf.Operation]:
     return [
         op
         for op in graph.get_operations()
-        if op.type == "VarHandleOp" and re.fullmatch(r"emb(/part_\d+)?", op.name)
+        if op.type == "VarHandleOp" and re.fullmatch(r"emb(/part_\d+)?|(tower_0/)?emb/embeddings", op.name)
     ]
 
 
@@ -79,10 +105,12 @@ def ancestors(fetches) -> set[tf.Operation]:
     return ops
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_no_op_of_a_step_reads_a_whole_table_and_updates_are_sparse(name):
-    graph, strategy, train_op = build(STRATEGIES[name])
+def test_no_op_of_a_step_reads_a_whole_table_and_updates_are_sparse(name, model):
+    graph, strategy, train_op = build(STRATEGIES[name], model=MODELS[model]())
     parts = table_parts(graph)
+    assert parts
     step = ancestors(step_fetches(strategy, train_op))
     handles = {p.outputs[0].name for p in parts}
     reads = [op for op in step if op.type == "ReadVariableOp" and op.inputs[0].name in handles]
@@ -276,11 +304,12 @@ def test_overlap_in_one_process_copies_no_table_either():
     assert [DIM, 1] in shapes and shapes.count([DIM, 1]) == 3  # w, its accumulator and w's copy
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("name", ["async", "async_overlap", "async_two_towers", "sync_ps"])
-def test_no_round_trip_to_a_ps_in_a_step_but_the_lookup(name):
+def test_no_round_trip_to_a_ps_in_a_step_but_the_lookup(name, model):
     """What a worker sends a PS comes back only as looked-up rows: the gradient of the rows is not
     computed on the table's PS (TF 2's tf.gradients colocates gradients with the gather there)."""
-    graph, strategy, train_op = build(STRATEGIES[name])
+    graph, strategy, train_op = build(STRATEGIES[name], model=MODELS[model]())
     step = ancestors(step_fetches(strategy, train_op))
 
     def job(op):
@@ -313,3 +342,91 @@ def test_every_ps_holds_a_share_of_every_table_so_lookups_balance_too(num_ps):
         assert sorted(plan.devices[f"t{i}/part_{p}"] for p in range(parts)) == list(range(num_ps))
     assert "t6" not in plan.parts  # 24 rows: whole, placed by bytes
     assert plan.max_over_mean <= 1.05
+
+
+# ---- Keras 3 Embedding: lookups moved onto the table ------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_a_keras_tables_gradient_is_rows(name):
+    with tf.Graph().as_default():
+        strategy = STRATEGIES[name]()
+        with strategy.scope():
+            pairs = strategy.compute_gradients(v1.train.AdagradOptimizer(0.1), keras_loss_fn())
+    grads = {v.op.name.removeprefix("tower_0/"): g for g, v in pairs}
+    assert isinstance(grads["emb/embeddings"], tf.IndexedSlices)
+    assert grads["emb/embeddings"].values.shape[-1] == DIM and not isinstance(grads["w"], tf.IndexedSlices)
+
+
+def test_only_plain_reads_gathered_by_rows_are_moved_and_every_consumer_follows():
+    with tf.Graph().as_default() as graph:
+        var = v1.get_variable("t", [6, 2], initializer=v1.constant_initializer(np.arange(12.0).reshape(6, 2)))
+        ids = tf.constant([4, 1, 4])
+        kept, read = var.value(), var.value()  # two reads (ReadVariableOp)
+        left = [
+            tf.gather(kept, ids),  # a read the caller keeps (a worker-side copy)
+            tf.gather(tf.cast(read, tf.float64), ids),  # a cast between read and gather
+            tf.gather(read, [1], axis=1),  # not rows
+        ]
+        moved = tf.gather(read, ids)
+        consumers = [moved + 1.0, tf.reduce_sum(moved)]
+        assert sparse.gather_on_tables(graph.get_operations()) == 0  # 48 bytes: read whole
+        assert sparse.gather_on_tables(graph.get_operations(), keep=[kept], min_bytes=0) == 1
+        assert [c.op.inputs[0].op.type for c in consumers] == ["ResourceGather", "ResourceGather"]
+        assert all(t.op.type == "GatherV2" for t in left) and not moved.consumers()
+        assert sparse.gather_on_tables(graph.get_operations(), min_bytes=0) == 0  # nothing left to move
+        with v1.Session() as session:
+            session.run(var.initializer)
+            got = session.run(consumers)
+    np.testing.assert_array_equal(got[0], np.arange(12.0).reshape(6, 2)[[4, 1, 4]] + 1)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """An in-process PS and a worker with two CPU devices (for two towers); their hosts."""
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    spec = tf.train.ClusterSpec({"ps": hosts[:1], "worker": hosts[1:]})
+    two_cpus = v1.ConfigProto(device_count={"CPU": 2})
+    ps, worker = (tf.distribute.Server(spec, job, 0, config=two_cpus) for job in ("ps", "worker"))
+    return worker.target, Cluster.from_hosts("worker", 0, hosts[:1], hosts[1:])
+
+
+IN_PROCESS = {
+    "async": lambda cluster: AsyncParameterServer(cluster),
+    "async_overlap": lambda cluster: AsyncParameterServer(cluster, overlap=True),
+    "async_two_towers": lambda cluster: AsyncParameterServer(cluster, num_towers=2),
+    "sync_ps": lambda cluster: SyncParameterServer(cluster),  # one replica: applied directly
+    "allreduce_two_towers": lambda _: SyncAllReduce(Cluster.local(), num_towers=2),  # no PS
+}
+
+
+def trained(make, model, target, steps=3) -> tuple[list, np.ndarray, np.ndarray]:
+    """Train `model` for `steps` steps with Adagrad; return its losses, table and w."""
+    with tf.Graph().as_default():
+        strategy = make()
+        with strategy.scope():
+            train_op = strategy.minimize(v1.train.AdagradOptimizer(0.1), model)
+        table = next(v for v in v1.trainable_variables() if v.shape == (KERAS_ROWS, DIM))
+        w = next(v for v in v1.trainable_variables() if v.shape == (DIM, 1))
+        init, scaffold = v1.global_variables_initializer(), strategy.scaffold()
+        scaffold.finalize()
+        with v1.Session(target if strategy.uses_ps else "", config=strategy.config()) as session:
+            session.run([init, scaffold.local_init_op])
+            losses = []
+            for _ in range(steps):
+                losses.append(session.run([strategy.loss, train_op])[0])
+                if getattr(strategy, "transfer_op", None) is not None:
+                    session.run(strategy.transfer_op)
+            return losses, *session.run([table, w])
+
+
+@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+def test_a_keras_table_trains_exactly_as_a_get_variable_table(servers, name):
+    target, cluster = servers
+    initial = np.random.default_rng(0).normal(size=(KERAS_ROWS, DIM)).astype(np.float32)
+    keras_run = trained(lambda: IN_PROCESS[name](cluster), keras_loss_fn(initial), target)
+    lookup_run = trained(lambda: IN_PROCESS[name](cluster), loss_fn(initial=initial), target)
+    for got, want in zip(keras_run, lookup_run, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not np.allclose(keras_run[1], initial)  # training moved the looked-up rows
+    np.testing.assert_array_equal(keras_run[1][0], initial[0])  # and no other
