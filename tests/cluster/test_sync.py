@@ -103,9 +103,12 @@ def report():
 # ---- equivalence --------------------------------------------------------------------------
 
 
-def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, one_process):
+@pytest.mark.parametrize("piece_bytes", [None, 2048], ids=["whole", "pieces"])
+def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, one_process, piece_bytes):
     initial_checkpoint(str(tmp_path))
     params = [*EQUIVALENCE, f"TrainConfig.batch_size = {BATCH}"]
+    if piece_bytes:  # every weight in 2 KB pieces, read in ordered waves
+        params.append(f"SyncParameterServer.piece_bytes = {piece_bytes}")
     # Two PS: the plan splits the larger weights, so partitioned accumulators are covered too.
     cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=2, num_workers=2, gin_params=params)
     assert_same_variables(variables(cluster.logdir), one_process)

@@ -333,6 +333,25 @@ def test_sync_ps_accumulators_sit_with_their_variables_on_the_ps():
     assert {op.device for op in ops_of(graph, "MatMul")} == {"/job:worker/task:1/device:CPU:0"}
 
 
+def test_sync_ps_pieces_have_an_accumulator_each_and_cross_in_waves():
+    # MLP(8, (16,), 4): fc1 512 bytes, logits 256: pieces of 128 bytes cut each into several.
+    strategy = SyncParameterServer(ps_cluster(task=1, num_ps=1), piece_bytes=128)
+    graph, _ = build(strategy)
+    assert strategy.plan.parts["fc1/weights"][1] == 4 and strategy.plan.parts["logits/weights"][1] == 2
+    pieces = [op.name for op in ops_of(graph, "VarHandleOp") if "/part_" in op.name]
+    accumulators = {
+        op.get_attr("shared_name").decode().removesuffix("/grad_accum")
+        for op in ops_of(graph, "ResourceConditionalAccumulator")
+    }
+    assert set(pieces) <= accumulators  # each piece's gradient is accumulated on its own
+    # The step reads pieces in waves, after the global step: the first two pieces at once, and
+    # each later one once the piece two before it has arrived.
+    reads = [op for op in ops_of(graph, "ReadVariableOp") if op.name.startswith("cached_read")]
+    waits = [sorted(c.name for c in op.control_inputs if c.name != "sync_step/local_step") for op in reads]
+    assert len(reads) == 8 and all(op.control_inputs for op in reads)  # 6 pieces, 2 biases
+    assert waits[:2] == [[], []] and all(len(w) == 1 for w in waits[2:]), waits
+
+
 def test_sync_ps_reads_the_global_step_before_any_variable():
     strategy = SyncParameterServer(ps_cluster(task=0, num_ps=1))
     graph, _ = build(strategy)
