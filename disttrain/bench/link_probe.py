@@ -27,6 +27,8 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import netem
@@ -60,40 +62,54 @@ def measure(
     repeats: int = 3,
     timeout: float = 600,
 ) -> Result:
-    """One method on every host at once; `repeats` timed rounds."""
+    """One method on every host at once; `repeats` timed rounds; all killed after `timeout` s."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}: expected one of {', '.join(METHODS)}")
     n = hosts.num_hosts
     addrs = ",".join(hosts.address(i) for i in range(n))
     argv = [addrs, method, str(nbytes), str(pieces), str(repeats)]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # Errors to files, not pipes: a full pipe would block a task.
+    errs = [tempfile.TemporaryFile("w+") for _ in range(n)]
     procs = [
         hosts.popen(
             i,
             [sys.executable, TASK, str(i), *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=errs[i],
             text=True,
             env=env,
         )
         for i in range(n)
     ]
+    # A task waiting for a dead peer would wait for ever: past `timeout`, all are killed.
+    watchdog = threading.Timer(timeout, lambda: [p.kill() for p in procs])
+    watchdog.start()
     try:
         for step in ("ready", "seconds"):
             lines = [p.stdout.readline().split() for p in procs]
             if any(not line or line[0] != step for line in lines):
-                errors = [p.stderr.read().strip().splitlines()[-1:] for p in procs if p.poll() is not None]
-                raise RuntimeError(f"probe {method}: a host did not answer {step!r}: {errors}")
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                tails = []
+                for err in errs:
+                    err.seek(0)
+                    tails += err.read().strip().splitlines()[-1:]
+                raise RuntimeError(f"probe {method}: a host did not answer {step!r}: {tails}")
             for p in procs:
                 p.stdin.write("go\n")
                 p.stdin.flush()
         for p in procs:
-            p.wait(timeout=timeout)
+            p.wait()
     finally:
+        watchdog.cancel()
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        for err in errs:
+            err.close()
     per_host = [[float(t) for t in line[1].split(",")] for line in lines]
     slowest = [max(times) for times in zip(*per_host, strict=True)]
     return Result(method, pieces, slowest, link_seconds(method, n, nbytes, hosts.link_mbit))

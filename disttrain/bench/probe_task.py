@@ -39,16 +39,20 @@ def _tcp(
             threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    conns = []
+    conns, deadline = [], time.monotonic() + 60
     for t in targets:
         while True:
             try:
                 conns.append(socket.create_connection((addrs[t], PORT)))
                 break
-            except OSError:
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"probe: host {me} could not connect to host {t} ({addrs[t]}): {e}"
+                    ) from None
                 time.sleep(0.01)
     _handshake()
-    buf, share, times = b"x" * CHUNK, nbytes // len(targets), []
+    buf, share, times = memoryview(b"x" * CHUNK), nbytes // len(targets), []
     for r in range(repeats):
         start = time.monotonic()
 
