@@ -151,3 +151,14 @@ def test_link_probe_is_installed_with_its_host_program(installed):
         "import os; from disttrain.bench import link_probe as p; print(os.path.isfile(p.TASK))",
     )
     assert done.stdout.strip() == "True", explain(done)
+
+
+def test_the_tf2_peers_ship_with_the_module_they_import_by_path(installed):
+    # tf2_pss.py and tf2_mwms.py run by file path and import tf2_common from beside them.
+    bin_dir, _ = installed
+    code = (
+        "import os, disttrain.bench as b; d = os.path.join(os.path.dirname(b.__file__), 'peers'); "
+        "print(sorted(f for f in os.listdir(d) if f.endswith('.py')))"
+    )
+    done = run(installed, str(bin_dir / "python"), "-c", code)
+    assert done.stdout.strip() == "['tf2_common.py', 'tf2_mwms.py', 'tf2_pss.py']", explain(done)
