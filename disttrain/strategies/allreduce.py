@@ -24,7 +24,7 @@ import tensorflow as tf
 from disttrain.errors import ConfigError
 from disttrain.strategies import autotune as tuning
 from disttrain.strategies import sparse
-from disttrain.strategies.base import Strategy, _ancestors
+from disttrain.strategies.base import Strategy
 
 v1 = tf.compat.v1
 
@@ -50,35 +50,6 @@ def make_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
     if current:
         buckets.append(current)
     return buckets
-
-
-def weight_gradients_first(grads: list[tf.Tensor]) -> int:
-    """Make backprop compute each gradient, in the order given, before the work only later ones need.
-
-    Adds control inputs to the graph: an op that later gradients need and
-    that consumes what the earlier ones were computed from (the gradient of
-    an earlier layer's activations) waits for the earlier gradient. A
-    backprop step produces a layer's weight gradient and the gradient flowing
-    back to the layer below; TF runs them in any order, and on one inter-op
-    thread the all-reduce of the weight gradient then waits for the whole
-    rest of backprop. Ops inside v1 control-flow contexts are left alone.
-    Returns how many control inputs were added.
-    """
-    tensors = [g for g in grads if isinstance(g, tf.Tensor)]
-    needed = set().union(*(_ancestors(g.op) for g in tensors)) if tensors else set()
-    seen: set[tf.Operation] = set()
-    waiting: set[tf.Operation] = set()  # needed later, fed by what is computed so far
-    added = 0
-    for grad in tensors[:-1]:
-        new = _ancestors(grad.op) - seen
-        seen |= new
-        waiting |= {consumer for op in new for out in op.outputs for consumer in out.consumers()}
-        waiting = {op for op in waiting if op in needed and op not in seen}
-        for op in sorted(waiting, key=lambda o: o.name):
-            if op._control_flow_context is None and grad.op._control_flow_context is None:
-                op._add_control_input(grad.op)
-                added += 1
-    return added
 
 
 def _flatten(tensors):
@@ -333,7 +304,6 @@ class SyncAllReduce(Strategy):
                 )
 
             dense_grads = [grads[i] for i in dense]
-            weight_gradients_first(list(reversed(dense_grads)))  # the order they are reduced in
             with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
                 if self.tuner is not None:
                     reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys)

@@ -246,18 +246,19 @@ def test_autotuned_all_reduce_is_exact_whichever_candidate_is_chosen():
             session.run([tuners[0]._probes[1], tuners[1]._probes[1]])
 
 
-def test_all_reduce_computes_each_weight_gradient_before_the_layers_below():
-    """Ungated gradients, and the gradient flowing to fc1 waits for the logits' weight gradient.
+def test_all_reduce_leaves_backprop_as_tf_built_it():
+    """Ungated gradients, and no control edge added between backprop's ops.
 
-    On one inter-op thread TF may otherwise compute the activations' gradient
-    first, and the all-reduce of the logits' weights waits for it.
+    Ordering backprop with added control edges stopped CIFAR-10, AlexNet and
+    VGG16 from training on CPUs where TF turns oneDNN on: Grappler fused a
+    conv's filter and bias gradients into one kernel, the added edges became
+    a cycle through it, and TF's executor ended the step without running the
+    update, without an error (BUILD_NOTES, issue 20).
     """
     graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256))
-    to_fc1 = graph.get_operation_by_name("gradients/logits/MatMul_grad/MatMul")  # d loss / d fc1's output
-    weights = graph.get_operation_by_name("gradients/logits/MatMul_grad/MatMul_1")
-    assert weights in to_fc1.control_inputs
+    backprop = [op for op in graph.get_operations() if op.name.startswith("gradients/")]
+    assert backprop and not [op.name for op in backprop if op.control_inputs]
     assert not [op for op in graph.get_operations() if "tuple/group_deps" in op.name]  # GATE_NONE
-    # It runs (no cycle): tests/cluster/test_autotune.py and test_sync.py train such graphs.
 
 
 def test_all_reduce_passes_the_subdivision_cap_to_every_collective():
