@@ -32,6 +32,10 @@ class RunSettings:
     trace_steps: write a Chrome trace of this many steps of every replica
       (after its first logging interval) to <logdir>/tasks/<job>_<index>/;
       0: none.
+    stall_steps: a replica stops with exit code 4 when the global step has
+      not moved in this many of its own steps (every strategy's step moves
+      it: its own update, or the synchronous one it waited for); None: three
+      logging intervals, at least 10 steps; 0: never.
     """
 
     log_every_steps: int = 100
@@ -46,6 +50,7 @@ class RunSettings:
     decay_threshold: float = 0.3
     decay_window: int = 3
     trace_steps: int = 0
+    stall_steps: int | None = None
 
     @classmethod
     def of(cls, **settings) -> RunSettings:
@@ -63,9 +68,18 @@ class RunSettings:
         where = type(self).__name__
         if self.log_every_steps < 1:
             raise ConfigError(f"{where}.log_every_steps must be >= 1, got {self.log_every_steps}")
+        if self.stall_steps is not None and self.stall_steps < 0:
+            raise ConfigError(f"{where}.stall_steps must be >= 0 (0: never), got {self.stall_steps}")
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
             raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
         return self
+
+    @property
+    def stall_window(self) -> int:
+        """stall_steps, its default resolved (0: no check)."""
+        if self.stall_steps is not None:
+            return self.stall_steps
+        return max(3 * self.log_every_steps, 10)
 
 
 @dataclasses.dataclass(frozen=True)

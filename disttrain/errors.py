@@ -9,6 +9,7 @@ The table is documented in README.md; change both together.
 EXIT_OK = 0
 EXIT_CONFIG = 2  # bad flags, TF_CONFIG, gin, port in use: permanent
 EXIT_DIVERGED = 3  # NaN/Inf loss: permanent, the last good checkpoint is kept
+EXIT_STALLED = 4  # steps run but the global step never moves (no update applied): permanent
 EXIT_TRANSIENT = 150  # peer unreachable after the wait, PS lost: retry
 
 
@@ -28,6 +29,12 @@ class DivergedError(DisttrainError):
     """The loss became NaN or Inf."""
 
     exit_code = EXIT_DIVERGED
+
+
+class StalledError(DisttrainError):
+    """Steps run but the global step does not move: the train op applies no update."""
+
+    exit_code = EXIT_STALLED
 
 
 class TransientError(DisttrainError):

@@ -21,7 +21,7 @@ import tensorflow as tf
 from disttrain import metrics
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
-from disttrain.errors import ConfigError, DivergedError, TransientError
+from disttrain.errors import ConfigError, DivergedError, StalledError, TransientError
 from disttrain.strategies.base import NON_FINITE, Strategy
 
 v1 = tf.compat.v1
@@ -126,6 +126,39 @@ class _StopAtStep(v1.train.StopAtStepHook):
                 "(the log directory holds a finished run: raise the step count or give a new log directory)"
             )
             coord.request_stop()
+
+
+class _StallGuard(v1.train.SessionRunHook):
+    """Stops the replica when `window` of its own steps leave the global step where it was.
+
+    Every strategy's step moves the global step: the replica's own update
+    (async), or the synchronous update it waited for (sync PS, all-reduce).
+    A step that runs and moves nothing applied no update (a train op whose
+    update never ran, as a graph cycle once made it: BUILD_NOTES, issue 20),
+    and training on would report speed for a run that trains nothing.
+    """
+
+    def __init__(self, strategy_name: str, global_step: tf.Tensor, window: int):
+        self._name, self._global_step, self._window = strategy_name, global_step, window
+
+    def after_create_session(self, session, coord):
+        self._since, self._steps = None, 0  # a new session (recovery) starts a new window
+
+    def before_run(self, run_context):
+        return v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        step = int(run_values.results)
+        if step != self._since:
+            self._since, self._steps = step, 0
+            return
+        self._steps += 1
+        if self._steps >= self._window:
+            raise StalledError(
+                f"{self._name}: the global step has not moved in {self._steps} of this replica's steps "
+                f"(still {step}): its train op applies no update; stopping "
+                "(RunSettings.stall_steps sets the window)"
+            )
 
 
 class _LostPeerLog(logging.Filter):
@@ -266,6 +299,8 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     all_hooks = [*strategy.hooks(), _StopAtStep(last_step=steps), throughput, *hooks]
+    if settings.stall_window:
+        all_hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
     if settings.trace_steps:
         task_dir = metrics.task_logdir(logdir, job, index)
         all_hooks.append(
