@@ -21,7 +21,15 @@ shapes that cannot be measured here:
 - gRPC's CPU: `rpc_cpu_s_per_byte` at each end of every byte (the link's and
   between tasks on one host), against what one PS task gets done at once
   (`Constants.ps_cores`), the cores a host gives its transfers, or one
-  machine's cores when emulated hosts share it.
+  machine's cores when emulated hosts share it;
+- the transport (`Strategy.transport`): its reachable share of the link, its
+  cost per message or ring hop and its CPU per byte replace gRPC's (the
+  default, `Constants`) for every term above;
+- the host's own term (`Shape.host_bus`): the GPUs of a host sum their
+  gradients over PCIe or NVLink (`host_bytes`), half of it as backprop makes
+  each chunk (before that chunk leaves the host), half after the last
+  transfer (the result copied back to every GPU); a ring through every GPU
+  moves its bytes at the slower of the link and the bus.
 
 What it does not model: stragglers and step-time variance, TCP's slow start
 and congestion between many flows beyond `Constants.goodput`, the PS's
@@ -78,6 +86,48 @@ class Constants:
 
 DEFAULTS = Constants()
 
+GRPC = "grpc"
+
+
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """How a strategy's bytes cross the links: what a link gives it, and what each message and byte cost.
+
+    link_share: its share of a link's nominal rate on large transfers.
+    per_message_s: per gRPC message (PS: each tensor) or ring hop (all-reduce).
+    cpu_s_per_byte: CPU at each end of a byte (0: the transfer takes no core
+      the model counts, as NCCL's kernels and proxy threads).
+    The default (`Strategy.transport=None`) is gRPC on CPU as `Constants`
+    hold it; `published.TRANSPORTS` holds the others, each with its source.
+    """
+
+    name: str
+    link_share: float
+    per_message_s: float
+    cpu_s_per_byte: float
+
+
+@dataclasses.dataclass(frozen=True)
+class HostBus:
+    """What joins a host's GPUs: an all-reduce of S bytes among its k GPUs takes 2 S (k-1)/k / busbw.
+
+    busbw is bytes per second in nccl-tests' sense (the bus bandwidth of an
+    all-reduce); `published.HOST_BUSES` holds PCIe and NVLink, with sources.
+    """
+
+    name: str
+    busbw: float
+
+
+def host_bytes(dense: float, gpus_per_host: int) -> float:
+    """Bytes one GPU's link to the host bus carries to sum `dense` over the host's GPUs and copy it back.
+
+    An all-reduce among k GPUs: 2 D (k-1)/k (a reduce, then the copy back).
+    0 for one GPU per host.
+    """
+    k = gpus_per_host
+    return 2 * dense * (k - 1) / k if k > 1 else 0.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -92,6 +142,8 @@ class Shape:
     host_cores: cores a host's transfers may use (None: CPU is no limit).
     shared_cores: every host shares this many cores (emulated hosts on one
       machine); compute_on_cpu: the step computes on those cores too.
+    host_bus: what joins a host's GPUs (None: no term for it; one GPU per
+      host needs none).
     """
 
     hosts: int
@@ -104,6 +156,7 @@ class Shape:
     host_cores: float | None = None
     shared_cores: float | None = None
     compute_on_cpu: bool = False
+    host_bus: HostBus | None = None
 
     @property
     def workers_per_host(self) -> int:
@@ -128,7 +181,8 @@ class Shape:
         ps = "no PS" if not self.ps else f"{self.ps} PS {self.ps_hosts}"
         link = "unlimited links" if self.link_gbit is None else f"{self.link_gbit:g} Gbit/s links"
         lat = f", {self.latency_ms:g} ms latency" if self.latency_ms else ""
-        return f"{self.hosts} host(s), {per}, {ps}, {link}{lat}"
+        bus = f", GPUs joined by {self.host_bus.name}" if self.host_bus and self.gpus_per_host > 1 else ""
+        return f"{self.hosts} host(s), {per}, {ps}, {link}{lat}{bus}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +196,7 @@ class Strategy:
     transfer_bits: int = 32  # 16: bfloat16/float16 on the wire
     backup_workers: int = 0  # SyncParameterServer
     placement: str = DISTTRAIN  # or TF's round robin
+    transport: Transport | None = None  # None: gRPC on CPU, as Constants hold it
 
     @property
     def uses_ps(self) -> bool:
@@ -161,6 +216,7 @@ class Strategy:
             parts.append(f"{self.backup_workers} backup worker(s)")
         if self.uses_ps:
             parts.append(f"{self.placement} placement")
+        parts.append(f"over {self.transport.name if self.transport else GRPC}")
         return ", ".join(parts)
 
 
@@ -294,6 +350,15 @@ def check(shape: Shape, strategy: Strategy) -> None:
         )
     if strategy.kind == ASYNC_PS and strategy.transfer_bits == 16 and not strategy.overlap:
         raise PlanError("16-bit transfer with async PS needs overlap=True (AsyncParameterServer)")
+    if strategy.uses_ps and strategy.transport is not None and strategy.transport.name != GRPC:
+        raise PlanError(
+            f"{strategy.kind} moves variables over gRPC, got transport {strategy.transport.name!r}: "
+            f"use transport {GRPC!r}, or allreduce for NCCL"
+        )
+    if strategy.transport is not None and not 0 < strategy.transport.link_share <= 1:
+        raise PlanError(f"transport link_share={strategy.transport.link_share}: must be in (0, 1]")
+    if shape.host_bus is not None and not shape.host_bus.busbw > 0:
+        raise PlanError(f"host_bus busbw={shape.host_bus.busbw}: must be > 0 (None: no host term)")
     for name in ("host_cores", "shared_cores"):
         value = getattr(shape, name)
         if value is not None and not value > 0:
@@ -428,8 +493,13 @@ def _worker_path(
     one_way: float,
     steal: float,
     ps_cpu: float,
+    host: float,
 ) -> tuple[float, float]:
-    """(a worker's step from start to its last transfer, the part of it that is latency)."""
+    """(a worker's step from start to its last transfer, the part of it that is latency).
+
+    `host`: the host bus's seconds per round; half is a reduce that goes with
+    each chunk as backprop makes it, half the copy back after the last transfer.
+    """
     fwd, bwd = compute * c.forward_fraction, compute * (1 - c.forward_fraction)
     phase = t.phase / rate
     rtt = 2 * one_way
@@ -439,27 +509,58 @@ def _worker_path(
         # In pieces, each piece is pulled back while the next ones are pushed (full duplex): the
         # round is one push plus the last piece's pull, not a push and a whole pull.
         pull = phase * min(1.0, strategy.piece_bytes / max(t.remote, 1.0)) if strategy.piece_bytes else phase
-        return max(compute + steal + lookup, phase + pull + latency), latency
+        return max(compute + steal + lookup, phase + pull + latency + host), latency
     if strategy.kind == ASYNC_PS:
         latency = 2 * rtt  # pull before the step, push during backprop
-        return latency + phase + pipelined(fwd, bwd, phase, t.chunks, 0) + steal, latency
+        path = latency + phase + host / 2 + pipelined(fwd, bwd, phase + host / 2, t.chunks, 0)
+        return path + steal, latency
     if strategy.kind == SYNC_PS:
         latency = 3 * rtt  # push, the step's token, pull
         # Every replica pushes at once, then pulls at once: each phase waits for the busiest link
         # direction, and for the busiest PS's half of its work.
         both = max(phase, ps_cpu / 2)
-        return latency + pipelined(fwd, bwd, both, t.chunks, 0) + both + steal, latency
+        return latency + pipelined(fwd, bwd, both + host / 2, t.chunks, 0) + both + host / 2 + steal, latency
+    # All-reduce: a bucket is summed in the host, goes round the ring, is copied back, then the next.
     per_bucket = t.hop_chain * (one_way + c.per_message_s)
-    return pipelined(fwd, bwd, max(link_time), t.chunks, per_bucket) + steal, t.chunks * per_bucket
+    return pipelined(fwd, bwd, max(link_time) + host, t.chunks, per_bucket) + steal, t.chunks * per_bucket
+
+
+def _host_time(shape: Shape, strategy: Strategy, dense: float) -> float:
+    """Seconds per round a host's GPUs spend on the host bus summing (or fetching) their gradients.
+
+    Towers: an all-reduce of the dense bytes among the host's GPUs. A worker
+    per GPU with PS: each GPU's own pull and push cross its bus link. A ring
+    through every GPU (all-reduce, a worker per GPU) has no term of its own:
+    its bytes go at the slower of the link and the bus (`predict`).
+    """
+    bus, k = shape.host_bus, shape.gpus_per_host
+    if bus is None or k < 2:
+        return 0.0
+    if shape.towers:
+        return host_bytes(dense, k) / bus.busbw
+    return 2 * dense / bus.busbw if strategy.uses_ps else 0.0
+
+
+def with_transport(constants: Constants, transport: Transport | None) -> Constants:
+    """`constants` with the transport's share of the link, cost per message and CPU per byte (None: as is)."""
+    if transport is None:
+        return constants
+    return dataclasses.replace(
+        constants,
+        goodput=transport.link_share,
+        per_message_s=transport.per_message_s,
+        rpc_cpu_s_per_byte=transport.cpu_s_per_byte,
+    )
 
 
 def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants = DEFAULTS) -> Prediction:
     """One round of `shape` training `model` with `strategy`, and what limits it (see module doc)."""
     check(shape, strategy)
-    c = constants
+    c = with_transport(constants, strategy.transport)
     width = 0.5 if strategy.transfer_bits == 16 else 1.0
     dense, rows = model.dense_bytes * width, model.sparse_bytes * width
     rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
+    host = _host_time(shape, strategy, dense)
     layout = None
     if strategy.uses_ps:
         t, layout = _ps_traffic(model, shape, strategy, c, dense, rows)
@@ -467,9 +568,15 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
         t = _ring_traffic(shape, strategy, dense, rows)
     _, _, roles = _hosts(shape)
     compute = model.step_time
-    link_time = [b / rate for b in t.link]
+    # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.
+    bus = shape.host_bus
+    flat_ring = not strategy.uses_ps and not shape.towers and bus is not None and shape.gpus_per_host > 1
+    ring_rate = min(rate, bus.busbw) if flat_ring else rate
+    link_time = [b / ring_rate for b in t.link]
     busiest = max(range(len(t.link)), key=lambda h: t.link[h])
     terms = {"compute": compute, "busiest link": link_time[busiest]}
+    if host:
+        terms["host bus"] = host
 
     # gRPC's CPU: every byte at both ends (a link byte once here, a local byte twice), every message.
     cpu = [
@@ -488,7 +595,16 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     # A worker's own end of its transfers steals from a compute thread on the same cores.
     steal = c.rpc_cpu_s_per_byte * 2 * t.remote if shape.compute_on_cpu else 0.0
     path, latency = _worker_path(
-        strategy, c, t, compute, link_time, rate, shape.latency_ms / 1e3, steal, terms.get("PS CPU", 0.0)
+        strategy,
+        c,
+        t,
+        compute,
+        link_time,
+        rate,
+        shape.latency_ms / 1e3,
+        steal,
+        terms.get("PS CPU", 0.0),
+        host,
     )
     terms["worker path"] = path
     terms["latency in path"] = latency
@@ -500,7 +616,8 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
         strategy.backup_workers * shape.towers_per_worker if strategy.kind == SYNC_PS else 0
     )
     steps = counted / round_time
-    where = _Where(roles, busiest, cpu, t.ps_work, ps_bound, shape.shared_cores)
+    named = bus.name if bus else ""
+    where = _Where(roles, busiest, cpu, t.ps_work, ps_bound, shape.shared_cores, named, shape.gpus_per_host)
     return Prediction(
         shape=shape,
         strategy=strategy,
@@ -526,6 +643,8 @@ class _Where:
     ps_work: list[float]
     ps_bound: bool
     shared_cores: float | None
+    bus: str
+    gpus_per_host: int
 
 
 def _bottleneck(terms: dict, round_time: float, w: _Where) -> str:
@@ -547,8 +666,12 @@ def _bottleneck(terms: dict, round_time: float, w: _Where) -> str:
         return f"CPU of host {h} ({w.roles[h]}): gRPC bytes and messages"
     if name == "machine CPU":
         return f"CPU shared by all hosts ({w.shared_cores:.2f} cores)"
-    if terms["latency in path"] > max(terms["busiest link"], terms["compute"]):
+    if name == "host bus":
+        return f"host bus ({w.bus}): summing {w.gpus_per_host} GPUs' gradients"
+    if terms["latency in path"] > max(terms["busiest link"], terms["compute"], terms.get("host bus", 0.0)):
         return "latency: round trips and per-message costs in the step's path"
+    if terms.get("host bus", 0.0) > terms["busiest link"]:
+        return f"host bus ({w.bus}) in the step's path: summing {w.gpus_per_host} GPUs' gradients"
     return f"{link} in the step's path"
 
 

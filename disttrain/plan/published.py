@@ -1,49 +1,149 @@
-"""Published distributed-TensorFlow runs, predicted from their published inputs.
+"""Published distributed-training runs, predicted from their published inputs, and the published
+micro-benchmarks the planner's transports and host buses come from.
 
-Every input is stated here with where it came from (README.md's "Planning a
-cluster" repeats them). The models are the model zoo's, built from the
-shipped gin files at the published batch size; one GPU's step time is the
-published single-GPU rate at that batch. Nothing here is fitted to the
-128- or 64-GPU results: the one calibrated constant (`Constants.ps_cores`)
-comes from the seed report's one-host rows, which are listed as such.
+Every input is stated here with where it came from. The models are the model
+zoo's, built from the shipped gin files at the published batch size; one
+GPU's step time is the published single-GPU rate at that batch. Runs are
+split in two: the calibration set (the only rows any constant was chosen
+or checked against; `Constants.ps_cores` is calibrated on the seed's
+one-host rows) and the held-out set (never used to choose anything: its
+errors are computed, not fitted). The transports and host buses below come
+from micro-benchmarks and vendor figures, not from any run here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 
-from disttrain.plan import advice, cost, models
+from disttrain.plan import advice, cost
+
+CALIBRATION, HELD_OUT = "calibration", "held-out"
+
+# ---- transports and host buses: published micro-benchmarks and vendor figures ------------------
+
+NCCL_2_4_TUNING = (
+    "github.com/NVIDIA/nccl src/graph/tuning.cc (NCCL 2.4): 'Latencies in us' hwLat NET Ring Simple 9.6, "
+    "baseLat Ring Simple 8.4"
+)
+# gRPC on CPU: measured here (BUILD_NOTES.md), the default `cost.Constants`: 95% of a shaped link
+# (tests/netem), 0.26 ms per message (1,000 small variables read in one run), 1.4 ms of CPU per MB at
+# each end (the tasks' CPU seconds per step in the benchmark's emulated runs).
+GRPC = cost.Transport(
+    cost.GRPC,
+    link_share=cost.DEFAULTS.goodput,
+    per_message_s=cost.DEFAULTS.per_message_s,
+    cpu_s_per_byte=cost.DEFAULTS.rpc_cpu_s_per_byte,
+)
+GRPC_SOURCE = "measured here on TF 2.21's CPU gRPC (BUILD_NOTES.md; tests/netem)"
+# NCCL over TCP sockets. Share: github.com/NVIDIA/nccl/issues/209 (2019, nccl-tests over TCP): "Even
+# with large message sizes we have not been able to reliably obtain more than 60% of wire speed over
+# 32Gpbs networks". Per ring hop: NCCL's own latency model, 9.6 us per network hop (tuning.cc above).
+# CPU: NCCL's kernels and proxy threads take no core the model counts.
+NCCL_TCP = cost.Transport("nccl_tcp", link_share=0.60, per_message_s=9.6e-6, cpu_s_per_byte=0.0)
+NCCL_TCP_SOURCE = (
+    "github.com/NVIDIA/nccl/issues/209: 'not ... more than 60% of wire speed'; " + NCCL_2_4_TUNING
+)
+# NCCL over RDMA (InfiniBand, RoCE). Share: github.com/NVIDIA/nccl-tests/issues/119, NCCL's maintainer
+# (sjeaugey, 2022): "We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s for 100G
+# NICs)": 12 of 12.5 GB/s = 0.96 (and NCCL's topo.h: NET_BW 12.0 // 100Gbit). Per hop: as above.
+NCCL_RDMA = cost.Transport("nccl_rdma", link_share=0.96, per_message_s=9.6e-6, cpu_s_per_byte=0.0)
+NCCL_RDMA_SOURCE = "github.com/NVIDIA/nccl-tests/issues/119: '12 GB/s for 100G NICs'; " + NCCL_2_4_TUNING
+TRANSPORTS = {t.name: t for t in (GRPC, NCCL_TCP, NCCL_RDMA)}
+TRANSPORT_SOURCES = {GRPC.name: GRPC_SOURCE, NCCL_TCP.name: NCCL_TCP_SOURCE, NCCL_RDMA.name: NCCL_RDMA_SOURCE}
+
+# Host buses: NCCL's own bandwidth table, github.com/NVIDIA/nccl src/graph/topo.h (GB/s): "#define
+# PCI_BW 12.0 // PCI Gen3 x16", "#define QPI_BW 6.0" (Broadwell's link between sockets; later
+# "BDW_QPI_BW 6.0"), "#define SM60_NVLINK_BW 18.0" (one Pascal NVLink). A host with two PCIe roots
+# (two CPUs, GPUs under each) sums across sockets at QPI's rate.
+NCCL_TOPO = "github.com/NVIDIA/nccl src/graph/topo.h"
+PCIE = cost.HostBus("pcie", 12.0e9)
+PCIE_TWO_ROOTS = cost.HostBus("pcie_two_roots", 6.0e9)
+NVLINK = cost.HostBus("nvlink", 18.0e9)
+HOST_BUSES = {b.name: b for b in (PCIE, PCIE_TWO_ROOTS, NVLINK)}
+HOST_BUS_SOURCES = {
+    PCIE.name: NCCL_TOPO + ": PCI_BW 12.0 // PCI Gen3 x16",
+    PCIE_TWO_ROOTS.name: NCCL_TOPO + ": QPI_BW 6.0 (between the sockets of a two-root host)",
+    NVLINK.name: NCCL_TOPO + ": SM60_NVLINK_BW 18.0 (one Pascal NVLink; a conservative floor)",
+}
+
+# ---- published runs ---------------------------------------------------------------------------
 
 SEED = "tensorflow/tensorflow#5683 (Nov 2016), scripts indhub/tfperftest"
-TF_CNN = "tensorflow.org/performance/benchmarks, EC2 distributed K80 (tf_cnn_benchmarks, Apr-May 2017)"
+TF_CNN = (
+    "tensorflow.org/performance/benchmarks, 'Details for Amazon EC2 Distributed (NVIDIA Tesla K80)' "
+    "(tensorflow/tensorflow tensorflow/docs_src/performance/benchmarks.md, tested May 2017)"
+)
+HOROVOD_16 = (
+    "github.com/horovod/horovod README at d54e3a88 (PR #19, 2017-09-05): 'The first benchmark was done "
+    "on 4 servers with 4 Pascal GPUs each connected by RoCE-capable 25 Gbit/s network'"
+)
+
+_SYNC_RR = cost.Strategy(cost.SYNC_PS, placement=cost.ROUND_ROBIN)
+# Horovod: one process per GPU, NCCL's ring through every GPU, tensors fused into 64 MB buffers
+# (README at d54e3a88: "Default fusion buffer size is 64 MB").
+_HOROVOD = cost.Strategy(cost.ALLREDUCE, bucket_bytes=64 * 2**20)
 
 # The seed: EC2 p2.16xlarge (16 K80 per host), one worker per GPU, one PS per host (tfperftest's
 # generate_runner.py), synchronous (SyncReplicasOptimizer), TF's replica_device_setter (round robin).
-# Link: 20 Gbit/s, AWS's figure for p2.16xlarge (assumed: not in the report).
-_SEED_SHAPE = dict(gpus_per_host=16, towers=False, ps_hosts=cost.COLOCATED, link_gbit=20.0)
-# tf_cnn_benchmarks: p2.8xlarge (8 K80), PS colocated on the worker hosts, distributed_replicated (one
-# worker per host, the host's GPUs as towers, gradients summed on the host), cross_replica_sync.
-# Link: 10 Gbit/s, AWS's figure for p2.8xlarge (assumed). Placement: round robin (assumed: the
-# benchmark's distributed mode used replica_device_setter's default).
-_TF_CNN_SHAPE = dict(gpus_per_host=8, towers=True, ps_hosts=cost.COLOCATED, link_gbit=10.0)
+# Link: 20 Gbit/s, AWS's figure for p2.16xlarge (assumed: not in the report). Host bus: two sockets
+# (assumed, as p2.8xlarge).
+_SEED_SHAPE = dict(
+    gpus_per_host=16, towers=False, ps_hosts=cost.COLOCATED, link_gbit=20.0, host_bus=PCIE_TWO_ROOTS
+)
+# tf_cnn_benchmarks: p2.8xlarge (8 K80), PS colocated on the worker hosts ("EC2 instances (p2.8xlarge)
+# running worker servers also ran parameter servers. Equal numbers of parameter servers and worker
+# servers were used with the following exceptions: InceptionV3: 8 instances / 6 parameter servers ...
+# ResNet-152: 8 instances / 4 parameter servers"), distributed_replicated (one worker per host, the
+# host's GPUs as towers, gradients summed on the host), cross_replica_sync. Link: 10 Gbit/s, AWS's
+# figure for p2.8xlarge (assumed). Placement: round robin (assumed: the benchmark's distributed mode
+# used replica_device_setter's default). Host bus: two sockets (assumed: p2.8xlarge has two Xeons).
+_TF_CNN_SHAPE = dict(
+    gpus_per_host=8, towers=True, ps_hosts=cost.COLOCATED, link_gbit=10.0, host_bus=PCIE_TWO_ROOTS
+)
+# Horovod's servers: "PCIx based Pascal servers: 1. Dual PCIx root. 2. 2 GPUs per CPU." (alsrgv,
+# github.com/horovod/horovod/issues/979). Distributed TensorFlow there: "plain grpc + parameter_server
+# as of TensorFlow 1.3.0" (alsrgv, github.com/horovod/horovod/issues/246); tf_cnn_benchmarks'
+# parameter_server mode with variables on CPU caches each variable on the worker's CPU and sums the
+# towers there (VariableMgrDistributedFetchFromPS, OverrideCachingDevice): towers. PS: one per host,
+# colocated (assumed: not stated). Placement: round robin (replica_device_setter's default).
+_HOROVOD_HOST = dict(gpus_per_host=4, ps_hosts=cost.COLOCATED, host_bus=PCIE_TWO_ROOTS)
+_HOROVOD_PS = dict(_HOROVOD_HOST, towers=True)
+_HOROVOD_RING = dict(_HOROVOD_HOST, towers=False)
+
+_INCEPTION = ("inception_v3_sync.gin",)
+_RESNET50 = ("resnet50_sync.gin",)
+_RESNET101 = ("gin/models/resnet101.gin", "gin/strategies/sync_ps.gin")
+_RESNET152 = ("resnet152_sync.gin",)
+_VGG16 = ("vgg16_sync.gin",)
+_ALEXNET = ("alexnet_sync.gin",)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One published run and the inputs it is predicted from."""
+    """One published run and the inputs it is predicted from.
+
+    images_per_sec: published at this scale; or `efficiency`, when the
+    source gives only that (then the one-GPU rate only sets the step time).
+    split: CALIBRATION or HELD_OUT; calibrated: a row `Constants.ps_cores`
+    was fitted to (the seed's one-host rows).
+    """
 
     source: str
-    gin_file: str
+    gin_files: tuple[str, ...]
     model: str
     batch_size: int
     one_gpu_images_per_sec: float  # published single-GPU rate at that batch: gives the step time
-    images_per_sec: float  # published at this scale
+    images_per_sec: float | None
     hosts: int
     ps: int
     shape: dict
+    strategy: cost.Strategy = _SYNC_RR
+    split: str = CALIBRATION
     note: str = ""
-    calibration: bool = False  # used to calibrate Constants.ps_cores, not a prediction
+    calibrated: bool = False
+    efficiency: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -51,15 +151,43 @@ class Case:
 
     @property
     def published_efficiency(self) -> float:
+        if self.efficiency is not None:
+            return self.efficiency
         return self.images_per_sec / (self.gpus * self.one_gpu_images_per_sec)
 
+    @property
+    def transport(self) -> str:
+        return self.strategy.transport.name if self.strategy.transport else cost.GRPC
 
-def _seed(model, gin_file, batch, one, rate, hosts=8, gpus=16, note="", calibration=False):
+
+def _seed(model, gin_file, batch, one, rate, hosts=8, gpus=16, note="", calibrated=False):
     shape = dict(_SEED_SHAPE, gpus_per_host=gpus)
-    return Case(SEED, gin_file, model, batch, one, rate, hosts, hosts, shape, note, calibration)
+    return Case(
+        SEED, (gin_file,), model, batch, one, rate, hosts, hosts, shape, note=note, calibrated=calibrated
+    )
 
 
-CASES = (
+def _tf_cnn(gin, model, batch, one, rate, hosts, ps, split=CALIBRATION):
+    return Case(TF_CNN, gin, model, batch, one, rate, hosts, ps, _TF_CNN_SHAPE, split=split)
+
+
+def _horovod_16(gin, model, one, rate, setup):
+    """One cell of Horovod's 16-GPU table (batch 64 per GPU); setup: 'ps', 'tcp' or 'rdma'."""
+    if setup == "ps":
+        shape, strategy = dict(_HOROVOD_PS, link_gbit=25.0), _SYNC_RR
+        note = "'Distributed TensorFlow (variables on CPU)'"
+    else:
+        transport = NCCL_TCP if setup == "tcp" else NCCL_RDMA
+        shape, strategy = (
+            dict(_HOROVOD_RING, link_gbit=25.0),
+            dataclasses.replace(_HOROVOD, transport=transport),
+        )
+        note = f"'{setup.upper()} Horovod (allreduce on GPU with NCCL)'"
+    ps = 4 if setup == "ps" else 0
+    return Case(HOROVOD_16, gin, model, 64, one, rate, 4, ps, shape, strategy, note=note)
+
+
+CALIBRATION_CASES = (
     _seed(
         "Inception-v3",
         "inception_v3_sync.gin",
@@ -68,8 +196,8 @@ CASES = (
         94.832,
         hosts=1,
         gpus=8,
-        note="one host: no network",
-        calibration=True,
+        note="one host: no network; Constants.ps_cores is fitted here",
+        calibrated=True,
     ),
     _seed(
         "Inception-v3",
@@ -79,8 +207,8 @@ CASES = (
         99.072,
         hosts=1,
         gpus=16,
-        note="one host: no network",
-        calibration=True,
+        note="one host: no network; Constants.ps_cores is fitted here",
+        calibrated=True,
     ),
     _seed(
         "Inception-v3",
@@ -108,10 +236,31 @@ CASES = (
         note="batch 256: alexnet.py's default; at 32 the fc6 PS's link alone would need 7 s "
         "per round, longer than the published round (4.7 s)",
     ),
-    Case(TF_CNN, "inception_v3_sync.gin", "Inception-v3", 64, 29.7, 1783, 8, 6, _TF_CNN_SHAPE),
-    Case(TF_CNN, "resnet50_sync.gin", "ResNet-50", 64, 52.4, 2744, 8, 8, _TF_CNN_SHAPE),
-    Case(TF_CNN, "resnet152_sync.gin", "ResNet-152", 32, 19.4, 981, 8, 4, _TF_CNN_SHAPE),
+    # tf_cnn_benchmarks, "Training synthetic data": GPUs 1 / 8 / 16 / 32 / 64; InceptionV3 29.7 / 229 /
+    # 459 / 902 / 1783, ResNet-50 52.4 / 378 / 751 / 1388 / 2744, ResNet-152 19.4 / 146 / 291 / 565 / 981.
+    _tf_cnn(_INCEPTION, "Inception-v3", 64, 29.7, 229, 1, 1),
+    _tf_cnn(_RESNET50, "ResNet-50", 64, 52.4, 378, 1, 1),
+    _tf_cnn(_RESNET152, "ResNet-152", 32, 19.4, 146, 1, 1),
+    _tf_cnn(_INCEPTION, "Inception-v3", 64, 29.7, 1783, 8, 6),
+    _tf_cnn(_RESNET50, "ResNet-50", 64, 52.4, 2744, 8, 8),
+    _tf_cnn(_RESNET152, "ResNet-152", 32, 19.4, 981, 8, 4),
+    # Horovod's 16-GPU table: "Baseline single-GPU (batch size=64) | 134.4 | 119.4 | 130.9" (Inception
+    # V3, ResNet-101, VGG-16); "Distributed TensorFlow (variables on CPU) | 1,576.4 (11.7x) | 1,168.8
+    # (9.8x) | 79.5 (0.6x)"; "TCP Horovod (allreduce on GPU with NCCL) | 1,990.7 (14.8x) | 1,685.1
+    # (14.1x) | 1,308.7 (10.0x)"; "RDMA Horovod (allreduce on GPU with NCCL) | 2,022.6 (15.0x) |
+    # 1,746.2 (14.6x) | 1,787.4 (13.7x)".
+    _horovod_16(_INCEPTION, "Inception-v3", 134.4, 1576.4, "ps"),
+    _horovod_16(_RESNET101, "ResNet-101", 119.4, 1168.8, "ps"),
+    _horovod_16(_VGG16, "VGG16", 130.9, 79.5, "ps"),
+    _horovod_16(_INCEPTION, "Inception-v3", 134.4, 1990.7, "tcp"),
+    _horovod_16(_RESNET101, "ResNet-101", 119.4, 1685.1, "tcp"),
+    _horovod_16(_VGG16, "VGG16", 130.9, 1308.7, "tcp"),
+    _horovod_16(_INCEPTION, "Inception-v3", 134.4, 2022.6, "rdma"),
+    _horovod_16(_RESNET101, "ResNet-101", 119.4, 1746.2, "rdma"),
+    _horovod_16(_VGG16, "VGG16", 130.9, 1787.4, "rdma"),
 )
+HELD_OUT_CASES: tuple[Case, ...] = ()
+CASES = CALIBRATION_CASES + HELD_OUT_CASES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,43 +277,93 @@ class Result:
 
 def predict_case(case: Case, model: cost.Model, constants: cost.Constants = cost.DEFAULTS) -> Result:
     shape = cost.Shape(hosts=case.hosts, ps=case.ps, **case.shape)
-    strategy = cost.Strategy(cost.SYNC_PS, placement=cost.ROUND_ROBIN)
-    p = cost.predict(model, shape, strategy, constants)
-    loose = cost.predict(model, shape, strategy, dataclasses.replace(constants, ps_cores=None))
+    p = cost.predict(model, shape, case.strategy, constants)
+    loose = cost.predict(model, shape, case.strategy, dataclasses.replace(constants, ps_cores=None))
     return Result(case, p, loose, model)
 
 
 def predict_all(load_config: Callable, cases=CASES) -> list[Result]:
     """Every case; `load_config(gin_files, bindings)` parses gin (the script's edge does it)."""
-    built: dict[tuple[str, int], cost.Model] = {}
+    from disttrain.plan import models  # TensorFlow: only when runs are predicted
+
+    built: dict[tuple[tuple[str, ...], int], cost.Model] = {}
     out = []
     for case in cases:
-        key = (case.gin_file, case.batch_size)
+        key = (case.gin_files, case.batch_size)
         if key not in built:
-            config = load_config([case.gin_file], [f"TrainConfig.batch_size={case.batch_size}"])
+            config = load_config(list(case.gin_files), [f"TrainConfig.batch_size={case.batch_size}"])
             built[key] = models.model_from_config(config, 1.0, case.model)
         model = built[key].replace(step_time=case.batch_size / case.one_gpu_images_per_sec)
         out.append(predict_case(case, model))
     return out
 
 
-def table(results: list[Result]) -> str:
-    lines = [
-        f"{'source':6s} {'model':13s} {'GPUs':>4s} {'hosts':>5s} {'PS':>3s} {'batch':>5s} "
-        f"{'published':>9s} {'predicted':>9s} {'error':>6s} {'bytes only':>10s}  bottleneck"
-    ]
-    for r in results:
-        c = r.case
-        tag = "seed" if c.source == SEED else "tf_cnn"
-        lines.append(
-            f"{tag:6s} {c.model:13s} {c.gpus:4d} {c.hosts:5d} {c.ps:3d} {c.batch_size:5d} "
-            f"{c.published_efficiency:9.3f} {r.prediction.efficiency:9.3f} {100 * r.error:+5.0f}% "
-            f"{r.bytes_only.efficiency:10.3f}  {r.prediction.bottleneck}"
-            + ("  (calibration)" if c.calibration else "")
-        )
-    lines.append(
-        "efficiency = images/s over GPUs x one GPU's published rate; bytes only: no PS-process ceiling"
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """A split's errors, computed from its rows' predictions (never stored)."""
+
+    rows: int
+    median_abs_error: float
+    max_abs_error: float
+    within_15: int
+    within_25: int
+
+
+def summary(results: list[Result]) -> Summary:
+    errors = [abs(r.error) for r in results]
+    if not errors:
+        return Summary(0, 0.0, 0.0, 0, 0)
+    return Summary(
+        len(errors),
+        statistics.median(errors),
+        max(errors),
+        sum(e <= 0.15 for e in errors),
+        sum(e <= 0.25 for e in errors),
     )
+
+
+def _sources(results: list[Result]) -> list[str]:
+    return list(dict.fromkeys(r.case.source for r in results))
+
+
+def _row(r: Result, tags: dict[str, str]) -> str:
+    c = r.case
+    layout = f"{c.ps} PS" if c.ps else "ring"
+    per = "towers" if c.shape["towers"] else "per GPU"
+    return (
+        f"[{tags[c.source]}] {c.model:12s} {c.gpus:4d} {c.hosts:3d}x{c.shape['gpus_per_host']:<2d} "
+        f"{layout:5s} {per:7s} {c.transport:9s} {c.shape['link_gbit']:5g} {c.batch_size:5d} "
+        f"{c.published_efficiency:9.3f} {r.prediction.efficiency:9.3f} {100 * r.error:+6.0f}%  "
+        f"{r.prediction.bottleneck}" + ("  (ps_cores fitted here)" if c.calibrated else "")
+    )
+
+
+def table(results: list[Result]) -> str:
+    """Calibration and held-out rows apart, each split's error from its rows, then every source."""
+    tags = {source: chr(ord("A") + i) for i, source in enumerate(_sources(results))}
+    header = (
+        f"{'src':3s} {'model':12s} {'GPUs':>4s} {'hosts':>6s} {'layout':5s} {'workers':7s} {'transport':9s} "
+        f"{'Gbit':>5s} {'batch':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  bottleneck"
+    )
+    lines = []
+    for split in (CALIBRATION, HELD_OUT):
+        rows = [r for r in results if r.case.split == split]
+        if not rows:
+            continue
+        s = summary(rows)
+        lines += [
+            f"{split} set ({s.rows} runs): median |error| {100 * s.median_abs_error:.0f}%, "
+            f"max {100 * s.max_abs_error:.0f}%, {s.within_15} within 15%, {s.within_25} within 25%",
+            header,
+            *(_row(r, tags) for r in rows),
+            "",
+        ]
+    lines.append("efficiency = images/s over GPUs x one GPU's published rate, or as published")
+    lines.append("sources:")
+    lines += [f"  [{tag}] {source}" for source, tag in tags.items()]
+    lines.append("transports and host buses:")
+    lines += [f"  {name}: {source}" for name, source in TRANSPORT_SOURCES.items()]
+    lines += [f"  {name}: {source}" for name, source in HOST_BUS_SOURCES.items()]
     return "\n".join(lines)
 
 
@@ -183,7 +382,7 @@ def answers_table(results: list[Result]) -> str:
     """The seed's 128-GPU cases with disttrain: the same layout, a PS layout with towers, the best one."""
     lines = ["the seed's cluster with disttrain (predicted efficiency, synchronous as the seed ran):"]
     for r in results:
-        if r.case.source != SEED or r.case.calibration:
+        if r.case.source != SEED or r.case.calibrated:
             continue
         same, best, steps = seed_answer(r)
         shape = dataclasses.replace(r.prediction.shape, towers=True)
