@@ -14,9 +14,9 @@ report (--out) and a plot next to it. Exits non-zero if any run failed.
 import os
 
 import gin
-from absl import app, flags
+from absl import flags
 
-from disttrain import cli
+from disttrain import cli, scripts
 from disttrain.bench import report as report_lib
 from disttrain.bench import runner
 
@@ -113,7 +113,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    scripts.run(main)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ summary: steps, examples/sec per task and for the cluster, where the logs are.
 `python bin/launch_local.py ...` is the same command from a checkout.
 """
 
-from absl import app, flags
+from absl import flags
 
-from disttrain import cli
+from disttrain import cli, scripts
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order.")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings.")
@@ -43,7 +43,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    scripts.run(main)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ disttrain/bench/link_probe.py. `python bin/link_probe.py ...` is the same
 command from a checkout.
 """
 
-from absl import app, flags
+from absl import flags
 
-from disttrain import cli
+from disttrain import cli, scripts
 from disttrain.bench import link_probe, netem
 from disttrain.errors import ConfigError
 
@@ -66,7 +66,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    scripts.run(main)
 
 
 if __name__ == "__main__":

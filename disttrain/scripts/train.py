@@ -7,9 +7,9 @@
 `python bin/train.py ...` is the same command from a checkout.
 """
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from disttrain import cli
+from disttrain import cli, scripts
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order (later ones override).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, e.g. 'TrainConfig.train_steps=100'.")
@@ -35,7 +35,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    scripts.run(main)
 
 
 if __name__ == "__main__":
