@@ -259,7 +259,88 @@ CALIBRATION_CASES = (
     _horovod_16(_RESNET101, "ResNet-101", 119.4, 1746.2, "rdma"),
     _horovod_16(_VGG16, "VGG16", 130.9, 1787.4, "rdma"),
 )
-HELD_OUT_CASES: tuple[Case, ...] = ()
+HOROVOD_64 = (
+    "github.com/horovod/horovod README at d54e3a88 (PR #19, 2017-09-05): 'The second benchmark was done "
+    "on 16 servers with 4 Pascal GPUs each connected by plain 40 Gbit/s network'"
+)
+HOROVOD_SCALE = (
+    "github.com/horovod/horovod docs/benchmarks (README at 6bb6a2db, PR #44, and 8318a898, PR #266): "
+    "'32 [then 128] servers with 4 Pascal GPUs each connected by RoCE-capable 25 Gbit/s network. Horovod "
+    "achieves 90% scaling efficiency for both Inception V3 and ResNet-101, and 79% [then 68%] scaling "
+    "efficiency for VGG-16'"
+)
+TF_BENCH_29 = (
+    "github.com/tensorflow/benchmarks/issues/29 (ppwwyyxx, 2017-06-09): '4 Tesla M40s per machine', "
+    "'Bandwidth: 9.3Gbit/s given by iperf', 'resnet50, batch 64 per GPU', '1GPU: 111 im/s', "
+    "'2x4=8GPU: only 561 im/s' (distributed_replicated)"
+)
+
+
+def _horovod_64(gin, model, one, rate, setup):
+    """One cell of Horovod's 64-GPU table (16 x 4 Pascal, 40 Gbit/s, batch 64): 'ps' or 'tcp'."""
+    if setup == "ps":
+        shape, strategy, ps = dict(_HOROVOD_PS, link_gbit=40.0), _SYNC_RR, 16
+        note = "'Distributed TensorFlow (variables on CPU)'"
+    else:
+        shape, ps = dict(_HOROVOD_RING, link_gbit=40.0), 0
+        strategy = dataclasses.replace(_HOROVOD, transport=NCCL_TCP)
+        note = "'TCP Horovod (allreduce on GPU with NCCL)'"
+    return Case(HOROVOD_64, gin, model, 64, one, rate, 16, ps, shape, strategy, HELD_OUT, note)
+
+
+def _horovod_scale(gin, model, one, hosts, efficiency):
+    """Horovod's scaling chart: only the efficiency is published; the step is the 16-GPU table's single GPU.
+
+    RoCE-capable 25 Gbit/s: NCCL over RDMA (assumed); the same Pascal servers (assumed).
+    """
+    shape = dict(_HOROVOD_RING, link_gbit=25.0)
+    strategy = dataclasses.replace(_HOROVOD, transport=NCCL_RDMA)
+    note = "efficiency as published; step time from the 16-GPU table's single-GPU rate (assumed the same GPU)"
+    return Case(
+        HOROVOD_SCALE, gin, model, 64, one, None, hosts, 0, shape, strategy, HELD_OUT, note, False, efficiency
+    )
+
+
+# Chosen before any of them was predicted, and never used to choose a constant.
+HELD_OUT_CASES: tuple[Case, ...] = (
+    # Horovod's 64-GPU table: "Baseline single-GPU (batch size=64) | 148.8 | 136.0 | 149.6";
+    # "Distributed TensorFlow (variables on CPU) | 5,297.4 (35.6x) | 4,269.2 (31.4x) | 100.8 (0.7x)";
+    # "TCP Horovod (allreduce on GPU with NCCL) | 7,932.1 (53.3x) | 7,741.6 (56.9x) | 6,084.2 (40.7x)".
+    _horovod_64(_INCEPTION, "Inception-v3", 148.8, 5297.4, "ps"),
+    _horovod_64(_RESNET101, "ResNet-101", 136.0, 4269.2, "ps"),
+    _horovod_64(_VGG16, "VGG16", 149.6, 100.8, "ps"),
+    _horovod_64(_INCEPTION, "Inception-v3", 148.8, 7932.1, "tcp"),
+    _horovod_64(_RESNET101, "ResNet-101", 136.0, 7741.6, "tcp"),
+    _horovod_64(_VGG16, "VGG16", 149.6, 6084.2, "tcp"),
+    # Horovod's scaling chart at 128 GPUs (32 servers) and 512 GPUs (128 servers).
+    _horovod_scale(_INCEPTION, "Inception-v3", 134.4, 32, 0.90),
+    _horovod_scale(_RESNET101, "ResNet-101", 119.4, 32, 0.90),
+    _horovod_scale(_VGG16, "VGG16", 130.9, 32, 0.79),
+    _horovod_scale(_INCEPTION, "Inception-v3", 134.4, 128, 0.90),
+    _horovod_scale(_RESNET101, "ResNet-101", 119.4, 128, 0.90),
+    _horovod_scale(_VGG16, "VGG16", 130.9, 128, 0.68),
+    # tf_cnn_benchmarks at 16 and 32 GPUs (2 and 4 instances, as many PS as workers: the page's rule).
+    _tf_cnn(_INCEPTION, "Inception-v3", 64, 29.7, 459, 2, 2, HELD_OUT),
+    _tf_cnn(_RESNET50, "ResNet-50", 64, 52.4, 751, 2, 2, HELD_OUT),
+    _tf_cnn(_RESNET152, "ResNet-152", 32, 19.4, 291, 2, 2, HELD_OUT),
+    _tf_cnn(_INCEPTION, "Inception-v3", 64, 29.7, 902, 4, 4, HELD_OUT),
+    _tf_cnn(_RESNET50, "ResNet-50", 64, 52.4, 1388, 4, 4, HELD_OUT),
+    _tf_cnn(_RESNET152, "ResNet-152", 32, 19.4, 565, 4, 4, HELD_OUT),
+    # 2 x 4 M40, 9.3 Gbit/s measured, distributed_replicated (towers); PS: one per host (assumed, as
+    # tf_cnn_benchmarks' page); host bus: one PCIe root (assumed: not stated).
+    Case(
+        TF_BENCH_29,
+        _RESNET50,
+        "ResNet-50",
+        64,
+        111.0,
+        561.0,
+        2,
+        2,
+        dict(gpus_per_host=4, towers=True, ps_hosts=cost.COLOCATED, link_gbit=9.3, host_bus=PCIE),
+        split=HELD_OUT,
+    ),
+)
 CASES = CALIBRATION_CASES + HELD_OUT_CASES
 
 
