@@ -15,13 +15,17 @@ The public API:
 
 import os as _os
 
-# TensorFlow's C++ start-up lines (oneDNN, CPU features, absl's "before
-# InitializeLog") are noise to a user; DISTTRAIN_TF_LOGS=1 keeps them, and an
-# explicit TF_CPP_MIN_LOG_LEVEL wins. Only effective before TensorFlow is imported.
-if _os.environ.get("DISTTRAIN_TF_LOGS", "0") in ("", "0"):
+from disttrain import quiet as _quiet
+
+# TensorFlow's C++ logging below warnings is noise to a user; DISTTRAIN_TF_LOGS=1
+# keeps it, and an explicit TF_CPP_MIN_LOG_LEVEL wins. Only effective before
+# TensorFlow is imported. What TensorFlow writes before its logging exists
+# (oneDNN, CPU features) ignores this level: the import is filtered instead.
+if not _quiet.tf_logs_wanted():
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as _tf  # noqa: E402
+with _quiet.tf_start_up():
+    import tensorflow as _tf
 
 # Graph mode for the whole process, before any op exists.
 _tf.compat.v1.disable_eager_execution()

@@ -6,16 +6,17 @@ here and nowhere else, and `message_of` reads a line of it back (the
 benchmark and `launch_local` read the tasks' log files).
 
 `DISTTRAIN_TF_LOGS=1` keeps everything TensorFlow prints (its C++ start-up
-lines are silenced in `disttrain/__init__.py`, its Python deprecation notices
+lines are dropped by `disttrain/quiet.py`, its Python deprecation notices
 here), for debugging.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
+
+from disttrain.quiet import tf_logs_wanted
 
 NAME = "disttrain"
 FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -30,10 +31,6 @@ _FIELDS = {
 _LINE = re.compile(
     "^" + "".join(_FIELDS.get(part, re.escape(part)) for part in re.split(r"(%\(\w+\)s)", FORMAT)) + "$"
 )
-
-
-def tf_logs_wanted() -> bool:
-    return os.environ.get("DISTTRAIN_TF_LOGS", "0") not in ("", "0")
 
 
 def message_of(line: str) -> str | None:

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
+from disttrain import quiet
 from disttrain.cluster import PS, Cluster
 from disttrain.errors import ConfigError, TransientError
 
@@ -53,14 +54,15 @@ def check_port_free(cluster: Cluster) -> None:
 def start_server(cluster: Cluster, config: v1.ConfigProto) -> tf.distribute.Server:
     check_port_free(cluster)
     spec = tf.train.ClusterSpec(cluster.as_dict())
-    return tf.distribute.Server(
-        spec,
-        job_name=cluster.task_type,
-        task_index=cluster.task_index,
-        config=config,
-        protocol="grpc",
-        start=True,
-    )
+    with quiet.tf_start_up():  # "Started server with target: grpc://..."
+        return tf.distribute.Server(
+            spec,
+            job_name=cluster.task_type,
+            task_index=cluster.task_index,
+            config=config,
+            protocol="grpc",
+            start=True,
+        )
 
 
 def _matches(filters: list[str], job: str, index: int) -> bool:
