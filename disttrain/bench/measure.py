@@ -31,11 +31,18 @@ Method:
 The loss is kept too: a run whose loss rises tenfold has diverged, and a
 diverged model can step faster (dead units make cheaper kernels), so the
 benchmark flags it rather than report its speed as the model's.
+
+A run that trains nothing is not measured at all (`trained_nothing`): steps
+that apply no update are fast, and their rate would read as a result. The
+lines say so whatever system wrote them: the global step a replica sees does
+not move over its measured intervals, or its loss never changes on the fixed
+synthetic batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from disttrain import logs, metrics
@@ -166,3 +173,52 @@ def measure(
         first_loss=samples[chief][0].loss,
         max_loss=max(s.loss for ms in measured.values() for s in ms),
     )
+
+
+LOSS_DIGITS = 4  # metrics.THROUGHPUT_LINE prints the loss to 4 decimals
+
+
+def trained_nothing(samples: Mapping[str, Sequence[Sample]], t_start: float, every_n: int) -> str | None:
+    """Why a measured run trained nothing, or None if every replica shows training.
+
+    `samples` and `t_start` are those `measure` took and returned. Two signs,
+    read per replica:
+
+    - its global step did not advance over its measured intervals (from the
+      line it was seen at t_start or after to its last): no update was
+      applied, by it or (synchronous) by anyone;
+    - its loss is the same in every line it wrote, warm-up included: on a
+      fixed batch, no update reached the variables it reads. A loss printed
+      as 0.0000 is exempt: a model that has fit its batch shows that too.
+
+    It does not judge how well a run trains (`Measurement.diverged` flags a
+    loss that rises) nor whether the global step moves as fast as it should.
+    """
+    stuck, flat = [], []
+    for task, ss in samples.items():
+        window = [s for s in ss if s.t >= t_start]
+        if len(window) >= 2 and window[-1].global_step <= window[0].global_step:
+            stuck.append((task, window))
+        losses = {s.loss for s in ss}
+        if len(ss) >= 2 and len(losses) == 1:
+            (loss,) = losses
+            if math.isfinite(loss) and round(loss, LOSS_DIGITS) != 0:
+                flat.append((task, loss, len(ss)))
+    reasons = []
+    if stuck:
+        task, window = stuck[0]
+        steps = (len(window) - 1) * every_n
+        reasons.append(
+            f"global step did not advance ({window[0].global_step} -> {window[-1].global_step} "
+            f"over {steps} local steps of {task}{_others(stuck)})"
+        )
+    if flat:
+        task, loss, lines = flat[0]
+        reasons.append(
+            f"loss constant at {loss:.{LOSS_DIGITS}f} (all {lines} lines of {task}{_others(flat)})"
+        )
+    return "; ".join(reasons) or None
+
+
+def _others(found: list) -> str:
+    return f" and {len(found) - 1} other replica(s)" if len(found) > 1 else ""

@@ -2,10 +2,12 @@
 
 `watch` polls the replicas' logs every 50 ms until `bench.measure` says every
 replica has its warm-up and measured intervals, and fails the run if a task
-exits or the run times out. Whenever the chief logs a line it also reads the
-CPU time of every task, of this benchmark process and of the whole machine
-(/proc), and the link byte counters (emulated hosts), so that the measured
-window's counters are aligned with the chief's global steps.
+exits (with the reason its log gives), if the run times out, or if its lines
+show it trained nothing (`bench.measure.trained_nothing`). Whenever the chief
+logs a line it also reads the CPU time of every task, of this benchmark
+process and of the whole machine (/proc), and the link byte counters
+(emulated hosts), so that the measured window's counters are aligned with the
+chief's global steps.
 """
 
 from __future__ import annotations
@@ -80,6 +82,23 @@ def log_tail(path: str, lines: int = 6) -> str:
     return "\n".join(kept[-lines:])
 
 
+ERROR_PREFIX = "disttrain: error: "  # launch.fail's one line on a task's stderr (in its log)
+
+
+def exit_reason(tail: str) -> str:
+    """Why a task ended, from the last lines of its log: its `disttrain: error:` line, else its last line.
+
+    A disttrain task says why in one line on stderr; a TF 2 peer or a crash
+    ends with `sys.exit`'s message or a traceback's last line. TensorFlow's
+    C++ log lines, which can come after, are passed over. Empty if nothing is left.
+    """
+    lines = [x.strip() for x in tail.splitlines() if x.strip() and not local._TF_CPP_LOG.match(x)]
+    for line in reversed(lines):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX) :]
+    return lines[-1] if lines else ""
+
+
 def _counters(procs: list[Proc]) -> dict[str, float]:
     cpu = {p.name: cpu_seconds(p.proc.pid) for p in procs}
     t = os.times()  # this benchmark and the `ip` commands it ran (reaped children)
@@ -125,13 +144,18 @@ def watch(
                     samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed))
             result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
             if result is not None:
+                why = measure_lib.trained_nothing(samples, result.t_start, every_n)
+                if why is not None:
+                    raise RunFailed(f"{why}\nlogs in {os.path.dirname(procs[0].log_path)}")
                 return result
             for p in procs:
                 code = p.proc.poll()
                 if code is not None:
+                    tail = log_tail(p.log_path, 40)
+                    why = exit_reason(tail)
                     raise RunFailed(
-                        f"{p.name} exited with code {code} before the measurement ended; "
-                        f"log {p.log_path}:\n{log_tail(p.log_path)}"
+                        f"{p.name} exited with code {code} before the measurement ended: {why}\n"
+                        f"log {p.log_path}:\n" + "\n".join(tail.splitlines()[-6:])
                     )
             now = time.monotonic()
             if now - start > timeout:
