@@ -82,7 +82,8 @@ def table(report: dict) -> str:
     for run, r in zip(report["runs"], rows, strict=True):
         line = "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
         if run.get("error") or run.get("skipped"):
-            line += "   " + (run.get("error") or f"skipped: {run['skipped']}").splitlines()[0]
+            line += "   " + (f"FAILED: {run['error']}" if run.get("error") else f"skipped: {run['skipped']}")
+            line = line.splitlines()[0]
         lines.append(line)
     lines.append(
         "steps = batches of one replica; counted = N x slowest worker (async) or the cluster's rate (sync); "
@@ -124,8 +125,8 @@ def summary(report: dict) -> str:
             parts.append(f"{run['efficiency_vs_bound']:.2f} of the bound ({run['bound_limited_by']}-bound)")
         lines.append(", ".join(parts))
     failed = [r for r in report["runs"] if r.get("error")]
-    if report.get("reference", {}) and report["reference"].get("error"):
-        lines.append("  reference FAILED")
+    if (report.get("reference") or {}).get("error"):
+        lines.append(f"  reference FAILED: {report['reference']['error'].splitlines()[0]}")
     for run in failed:
         lines.append(
             f"  FAILED {run['system']} N={run['workers']} P={run['ps']}: {run['error'].splitlines()[0]}"
@@ -214,7 +215,8 @@ def plot(report: dict, path: str) -> str | None:
     else:
         ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing to plot when every run failed
+        ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
