@@ -32,7 +32,7 @@ def _failed_rows(stdout: str) -> list[str]:
 def test_no_update_fails_every_system_and_the_reference(tmp_path):
     args = ["--gin_file=gin/bench/mlp.gin", f"--gin_file={TINY}", f"--gin_file={NO_UPDATE}", *NO_GUARD]
     args += ["--workers=1", "--ps=1", "--systems=disttrain,tf_default", *SHORT]
-    done, report, _ = benchmark(args, tmp_path, timeout=120)
+    done, report, _ = benchmark(args, tmp_path)
     assert done.returncode == 1, _explain(done)
     # Steps run fast here: the benchmark may see a few lines at once, so the step count varies.
     assert re.match(
@@ -61,7 +61,7 @@ def test_no_update_fails_every_system_and_the_reference(tmp_path):
 def test_frozen_variables_fail_disttrain_and_the_tf2_peers(tmp_path):
     args = ["--gin_file=gin/bench/mlp.gin", f"--gin_file={TINY}", "--gin_param=Adam.learning_rate=0.0"]
     args += ["--workers=1", "--ps=1", "--systems=disttrain,tf2_pss,tf2_mwms", "--reference=false", *SHORT]
-    done, report, _ = benchmark(args, tmp_path, timeout=150)
+    done, report, _ = benchmark(args, tmp_path)
     assert done.returncode == 1, _explain(done)
     assert [r["system"] for r in report["runs"]] == ["disttrain", "tf2_pss", "tf2_mwms"]
     for run in report["runs"]:
@@ -79,7 +79,7 @@ def test_a_task_that_stops_itself_is_failed_with_its_reason(tmp_path):
     args = ["--gin_file=gin/bench/mlp.gin", f"--gin_file={TINY}", f"--gin_file={NO_UPDATE}"]
     args += ["--workers=1", "--ps=1", "--systems=disttrain", "--reference=false"]
     args += ["--warmup_steps=10", "--measure_steps=50", "--gin_param=TrainConfig.stall_steps=30"]
-    done, report, _ = benchmark(args, tmp_path, timeout=120)
+    done, report, _ = benchmark(args, tmp_path)
     assert done.returncode == 1, _explain(done)
     (run,) = report["runs"]
     first = run["error"].splitlines()[0]
