@@ -21,7 +21,7 @@ from disttrain import placement
 from disttrain.bench import runner
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
-from disttrain.plan import cost
+from disttrain.plan import cost, published
 
 v1 = tf.compat.v1
 
@@ -145,6 +145,8 @@ def strategy_from_config(
     Builds the strategy once for a stand-in cluster of 64 replicas (and one PS
     when it uses PS) to read its settings; nothing starts. The cost model
     checks the settings against the planned cluster (backup workers < workers).
+    The transport is what disttrain uses on GPUs: gRPC for PS and for
+    all-reduce's 'auto' and 'ring' hints, NCCL (over TCP) for the 'nccl' hint.
     """
     jobs = {WORKER: [f"localhost:{i + 1}" for i in range(64)]}
     if kind != cost.ALLREDUCE:
@@ -159,4 +161,5 @@ def strategy_from_config(
         transfer_bits=16 if dtype is not None and dtype.size == 2 else 32,
         backup_workers=int(getattr(built, "backup_workers", 0)),
         placement=placement_kind,
+        transport=published.NCCL_TCP if getattr(built, "communication_hint", None) == "nccl" else None,
     )
