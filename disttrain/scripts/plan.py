@@ -18,9 +18,9 @@ import json
 import os
 
 import gin
-from absl import flags
+from absl import app, flags
 
-from disttrain import cli, scripts, strategies
+from disttrain import cli, strategies
 from disttrain.bench import report as bench_report
 from disttrain.bench import runner
 from disttrain.errors import ConfigError
@@ -39,6 +39,20 @@ flags.DEFINE_enum("ps_hosts", "colocated", ["colocated", "dedicated"], "PS on th
 flags.DEFINE_float("link_gbit", 10.0, "Link rate per host, Gbit/s, each direction (full duplex).")
 flags.DEFINE_float("latency_ms", 0.0, "One-way latency per message, ms.")
 flags.DEFINE_float("host_cores", None, "Cores a host gives gRPC transfers (default: no CPU limit per host).")
+flags.DEFINE_enum(
+    "host_bus",
+    "pcie",
+    [*published.HOST_BUSES, "none"],
+    "What joins a host's GPUs when they sum gradients (none: no host term).",
+)
+flags.DEFINE_enum(
+    "transport",
+    None,
+    list(published.TRANSPORTS),
+    "grpc (TF's gRPC on CPU, measured here), nccl_tcp or nccl_rdma (published figures). Default: "
+    "what disttrain uses for the strategy on GPUs (gRPC; nccl_tcp for SyncAllReduce.communication_hint="
+    "'nccl').",
+)
 flags.DEFINE_enum("strategy", None, list(cost.STRATEGIES), "Strategy (default: the gin config's).")
 flags.DEFINE_enum("placement", "disttrain", list(cost.PLACEMENTS), "disttrain's plan or TF's round robin.")
 flags.DEFINE_boolean("overlap", None, "AsyncParameterServer overlap (default: the gin config's).")
@@ -51,7 +65,9 @@ flags.DEFINE_float("speed_factor", 1.0, "How many times faster one GPU is than t
 flags.DEFINE_integer("measure_steps", 5, "Steps timed by --measure (after 2 warm-up steps).")
 flags.DEFINE_integer("top", 8, "Changes shown in the table.")
 flags.DEFINE_string("from_report", None, "A benchmark JSON report: predict each run and show the error.")
-flags.DEFINE_boolean("published", False, "Predict the published runs (seed report, tf_cnn_benchmarks).")
+flags.DEFINE_boolean(
+    "published", False, "Predict the published runs: calibration and held-out sets apart, with sources."
+)
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
 FLAGS = flags.FLAGS
 
@@ -81,6 +97,8 @@ def _strategy(config, kind: str) -> cost.Strategy:
         changes["transfer_bits"] = FLAGS.transfer_bits
     if FLAGS.backup_workers is not None:
         changes["backup_workers"] = FLAGS.backup_workers
+    if FLAGS.transport is not None:
+        changes["transport"] = published.TRANSPORTS[FLAGS.transport]
     return dataclasses.replace(found, **changes)
 
 
@@ -118,6 +136,7 @@ def plan() -> int:
         link_gbit=FLAGS.link_gbit,
         latency_ms=FLAGS.latency_ms,
         host_cores=FLAGS.host_cores,
+        host_bus=None if FLAGS.host_bus == "none" else published.HOST_BUSES[FLAGS.host_bus],
     )
     strategy = _strategy(config, kind)
     cost.check(shape, strategy)  # before anything is built or measured
@@ -171,7 +190,7 @@ def main(argv):
 
 
 def run():
-    scripts.run(main)
+    app.run(main)
 
 
 if __name__ == "__main__":
