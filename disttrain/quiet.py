@@ -84,7 +84,8 @@ def tf_start_up():
     the real fd 2 in order before the block ends. Does nothing with
     DISTTRAIN_TF_LOGS=1, or if the helper cannot start (then nothing is dropped).
     """
-    if tf_logs_wanted() or not sys.executable:
+    helper_script = os.path.abspath(__file__)
+    if tf_logs_wanted() or not sys.executable or not os.path.isfile(helper_script):  # (a zipped install)
         yield
         return
     _flush_stderr()
@@ -96,7 +97,7 @@ def tf_start_up():
     try:
         # Its own session: a Ctrl-C meant for this process must not end the helper first.
         helper = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__)],
+            [sys.executable, "-I", "-S", helper_script],
             stdin=read_end,
             stdout=2,
             stderr=2,
