@@ -18,9 +18,9 @@ import json
 import os
 
 import gin
-from absl import app, flags
+from absl import flags
 
-from disttrain import cli, strategies
+from disttrain import cli, scripts, strategies
 from disttrain.bench import report as bench_report
 from disttrain.bench import runner
 from disttrain.errors import ConfigError
@@ -190,7 +190,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    scripts.run(main)
 
 
 if __name__ == "__main__":
