@@ -172,7 +172,7 @@ class Strategy(abc.ABC):
 
     # ---- gradients ----------------------------------------------------
 
-    def _build_towers(self, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
+    def _build_towers(self, optimizer, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
         """Call loss_fn once per tower; return (losses, [(grad, var)] per tower).
 
         Each trainable `get_variable` variable is read once per step onto this
@@ -182,7 +182,9 @@ class Strategy(abc.ABC):
         Embedding tables (the plan's) are never copied: each tower looks its
         rows up where the table is. Other variables (Keras layers) are read by
         each tower where they are, and their gathers run where they are too
-        (`sparse.gather_on_tables`).
+        (`sparse.gather_on_tables`). Each tower's gradients come from
+        `optimizer.compute_gradients` (a wrapper's override included: clipping,
+        Horovod-style transforms), over the copies where there are copies.
         """
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         setter = self.setter
@@ -225,8 +227,14 @@ class Strategy(abc.ABC):
                 # Not colocated with their forward ops (TF 2's tf.gradients colocates): a table's
                 # gather runs on its PS, and the gradient of what the model did with the rows
                 # belongs on this tower's device, not on the PS (a round trip per step).
-                grads = v1.gradients(loss, [c for c, _ in copies], colocate_gradients_with_ops=False)
-                tower_grads.append([(g, v) for g, (_, v) in zip(grads, copies, strict=True) if g is not None])
+                variable_of = {c.ref(): v for c, v in copies}
+                pairs = optimizer.compute_gradients(
+                    loss,
+                    var_list=[c for c, _ in copies],
+                    gate_gradients=v1.train.Optimizer.GATE_NONE,
+                    colocate_gradients_with_ops=False,
+                )
+                tower_grads.append([(g, variable_of[c.ref()]) for g, c in pairs if g is not None])
                 losses.append(loss)
         return losses, tower_grads
 
@@ -267,7 +275,7 @@ class Strategy(abc.ABC):
                 for g, v in optimizer.compute_gradients(self.loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
-        losses, tower_grads = self._build_towers(loss, read)
+        losses, tower_grads = self._build_towers(optimizer, loss, read)
         if len(losses) == 1:
             self.loss = losses[0]
             return tower_grads[0]
