@@ -15,7 +15,7 @@ import sys
 import gin
 
 from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch, logs
+from disttrain import configurables, launch, logs, metrics
 from disttrain.config import TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, DisttrainError
 from disttrain.launch import errors_to_exit, fail
@@ -99,9 +99,11 @@ def dry_run(cluster: cluster_lib.Cluster, config: TrainConfig) -> int:
 def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
     def write_operative_config():
         path = os.path.join(logdir, OPERATIVE_CONFIG)
+        text = gin.operative_config_str()
         with open(path + ".tmp", "w") as f:
-            f.write(gin.operative_config_str())
+            f.write(text)
         os.replace(path + ".tmp", path)
+        metrics.write_texts(logdir, {"run/gin_config": text})
 
     logs.to_console()
     with errors_to_exit(cluster):

@@ -247,8 +247,12 @@ def train_replica(
     trainer.check_writable(logdir)
     built = trainer.build(strategy, loss_fn, optimizer_fn, settings.check_numerics)
     if cluster.is_chief:
+        texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}
+        texts["run/strategy"] = strategy.describe()
         if strategy.uses_ps and cluster.num_ps:
-            log.info(placement_report(strategy, built.graph))
+            texts["run/placement"] = placement_report(strategy, built.graph)
+            log.info(texts["run/placement"])
+        metrics.write_texts(logdir, texts)
         if on_built is not None:
             on_built()
     with session(

@@ -8,6 +8,9 @@ TensorBoard layout under the log directory:
   `global_step/sec` and `loss`.
 - `<logdir>/tasks/<job>_<index>/`: each replica's own `examples/sec` and
   `loss`, so a straggler shows as one slow run.
+- `<logdir>/`, TEXT tab: what ran (`run/...`: settings, cluster, strategy,
+  placement, and the operative gin config on the gin path), written once by
+  the chief at start.
 """
 
 from __future__ import annotations
@@ -99,6 +102,28 @@ def process_memory_mb() -> float:
 
 def scalar_summary(values: dict[str, float]) -> v1.Summary:
     return v1.Summary(value=[v1.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+
+
+def text_summary(texts: dict[str, str]) -> v1.Summary:
+    """TensorBoard's TEXT tab entries, one per tag, each shown as preformatted text."""
+    metadata = v1.SummaryMetadata(plugin_data=v1.SummaryMetadata.PluginData(plugin_name="text"))
+    return v1.Summary(
+        value=[
+            v1.Summary.Value(
+                tag=tag,
+                metadata=metadata,
+                tensor=tf.make_tensor_proto("\n".join("    " + line for line in text.splitlines())),
+            )
+            for tag, text in texts.items()
+        ]
+    )
+
+
+def write_texts(logdir: str, texts: dict[str, str], step: int = 0) -> None:
+    """Add `texts` to the event file TensorBoard reads in `logdir` (the writer the hooks share)."""
+    writer = v1.summary.FileWriterCache.get(logdir)
+    writer.add_summary(text_summary(texts), step)
+    writer.flush()
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -390,6 +391,12 @@ class Strategy(abc.ABC):
         """Bring this step's gradients to the variables."""
 
     # ---- what the loop needs ----------------------------------------
+
+    def describe(self) -> str:
+        """This strategy and its settings, as it was built (for logs and TensorBoard)."""
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n not in ("self", "cluster")]
+        knobs = ", ".join(f"{n}={getattr(self, n)!r}" for n in names if hasattr(self, n))
+        return f"{type(self).__name__}({knobs})"
 
     def examples_per_step(self, batch_size: int) -> int:
         """Examples consumed per increment of the global step (async: one replica's)."""

@@ -72,6 +72,18 @@ def scalars(directory: str, tag: str) -> list[tuple[int, float]]:
     return sorted(out)
 
 
+def texts(directory: str) -> dict[str, str]:
+    """The TEXT tab of the event files directly in `directory`: tag -> text."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(directory, "events.out.tfevents.*"))):
+        acc = event_accumulator.EventAccumulator(path, size_guidance={"tensors": 0})
+        acc.Reload()
+        for tag in acc.Tags()["tensors"]:
+            for event in acc.Tensors(tag):
+                out[tag] = tf.make_ndarray(event.tensor_proto).item().decode()
+    return out
+
+
 def train_py(args, env=None, timeout=120) -> subprocess.CompletedProcess:
     """Run bin/train.py once with `args`; output captured as text."""
     return subprocess.run(

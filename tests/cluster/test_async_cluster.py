@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from disttrain.launch import read_results
-from tests.cluster.helpers import TINY, describe_failure, run_cluster, scalars
+from tests.cluster.helpers import TINY, describe_failure, run_cluster, scalars, texts
 
 pytestmark = pytest.mark.cluster
 
@@ -41,6 +41,20 @@ def test_two_ps_two_workers_train_and_every_process_exits_0(tmp_path):
     step = tf.train.load_checkpoint(logdir).get_tensor("global_step")
     assert step >= 200
     assert os.path.exists(os.path.join(logdir, "operative_config.gin"))
+    # TensorBoard says what ran: settings, cluster, strategy, placement, the operative gin config.
+    described = texts(logdir)
+    assert set(described) == {
+        "run/settings",
+        "run/cluster",
+        "run/strategy",
+        "run/placement",
+        "run/gin_config",
+    }
+    assert "/job:worker/task:0" in described["run/cluster"] and "/job:ps/task:1" in described["run/cluster"]
+    assert described["run/strategy"].strip().startswith("AsyncParameterServer(num_towers=1")
+    assert "busiest PS / mean" in described["run/placement"]
+    assert "TrainConfig.train_steps = 200" in described["run/gin_config"]
+    assert "log_every_steps=4" in described["run/settings"]
     r = read_results(logdir)
     assert set(r) == {"worker_0", "worker_1"} and all(x["local_steps"] > 0 for x in r.values())
     for worker in ("worker_0", "worker_1"):  # one step's Chrome trace each, the PS ops included
