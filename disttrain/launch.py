@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import logs, metrics, placement, servers, trainer
+from disttrain import input_context, logs, metrics, placement, servers, trainer
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings, TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, TransientError
@@ -245,7 +245,7 @@ def train_replica(
     """A replica's whole life: build its graph, train it to `steps` in `session`, return what it measured."""
     cluster = strategy.cluster
     trainer.check_writable(logdir)
-    built = trainer.build(strategy, loss_fn, optimizer_fn, settings.check_numerics)
+    built = trainer.build(strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size)
     if cluster.is_chief:
         texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}
         texts["run/strategy"] = strategy.describe()
@@ -289,7 +289,7 @@ def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Ca
                 dataset = config.input_fn(
                     model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
                 )
-                iterators[graph] = v1.data.make_one_shot_iterator(trainer.without_autotune_thread(dataset))
+                iterators[graph] = input_context.saved_iterator(trainer.without_autotune_thread(dataset))
         features, labels = iterators[graph].get_next()
         return model.loss(model(features, training=True), labels)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import metrics
+from disttrain import input_context, metrics
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
 from disttrain.errors import ConfigError, DivergedError, StalledError, TransientError
@@ -40,22 +40,31 @@ class Built:
 
 
 def build(
-    strategy: Strategy, loss_fn: Callable[[], tf.Tensor], optimizer_fn: Callable, check_numerics: bool
+    strategy: Strategy,
+    loss_fn: Callable[..., tf.Tensor],
+    optimizer_fn: Callable,
+    check_numerics: bool,
+    batch_size: int | None = None,
 ) -> Built:
     """Build this replica's training graph in the current default graph: towers, gradients, update.
 
-    `loss_fn()` builds one replica's loss, input included (called once per
-    tower, and once more in a scratch graph to plan placement when it can be).
-    With `check_numerics` a NaN or Inf loss or gradient fails the step.
+    `loss_fn()` (or `loss_fn(input_context)`) builds one replica's loss,
+    input included (called once per tower, and once more in a scratch graph
+    to plan placement when it can be). With `check_numerics` a NaN or Inf
+    loss or gradient fails the step. `batch_size`: examples per tower and
+    step, for the input context.
     """
 
-    def checked_loss():
-        loss = loss_fn()
+    def checked(loss):
         return tf.debugging.check_numerics(loss, f"{NON_FINITE} loss") if check_numerics else loss
 
+    if input_context.takes_context(loss_fn):
+        checked_loss = lambda context: checked(loss_fn(context))
+    else:
+        checked_loss = lambda: checked(loss_fn())
     with strategy.scope():
         global_step = v1.train.get_or_create_global_step()
-        train_op = strategy.minimize(optimizer_fn(), checked_loss, global_step, check_numerics)
+        train_op = strategy.minimize(optimizer_fn(), checked_loss, global_step, check_numerics, batch_size)
     if strategy.global_step_read is not None:
         global_step = strategy.global_step_read
     return Built(v1.get_default_graph(), train_op, strategy.loss, global_step, strategy)
@@ -299,6 +308,15 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     all_hooks = [*strategy.hooks(), _StopAtStep(last_step=steps), throughput, *hooks]
+    all_hooks.append(
+        input_context.InputPositionHook(
+            metrics.task_logdir(logdir, job, index),
+            strategy.input_context(),
+            global_step,
+            settings.save_checkpoint_steps,
+            settings.save_checkpoint_secs,
+        )
+    )
     if settings.stall_window:
         all_hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
     if settings.trace_steps:

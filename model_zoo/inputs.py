@@ -11,6 +11,8 @@ import time
 
 import tensorflow as tf
 
+from disttrain.input_context import shard_records
+
 
 def synthetic(
     model,
@@ -54,27 +56,14 @@ def _wait_after(index, batch, after: int, secs: float):
         return tuple(tf.identity(t) for t in batch)
 
 
-def shard_files(files: list[str], replica_index: int, num_replicas: int) -> tuple[list[str], bool]:
-    """This replica's files, and whether records must be sharded instead.
-
-    With at least as many files as replicas each replica reads whole files
-    (no replica reads bytes it throws away); with fewer, every replica reads
-    all files and keeps every num_replicas-th record.
-    """
-    files = sorted(files)
-    if len(files) >= num_replicas:
-        return files[replica_index::num_replicas], False
-    return files, True
-
-
 def replica_records(file_pattern: str, replica_index: int, num_replicas: int) -> tf.data.Dataset:
-    """This replica's share of the TFRecord files matching `file_pattern` (see shard_files)."""
-    files = tf.io.gfile.glob(file_pattern)
-    if not files:
-        raise FileNotFoundError(f"no TFRecord files match {file_pattern!r}")
-    files, by_record = shard_files(files, replica_index, num_replicas)
-    dataset = tf.data.TFRecordDataset(files)
-    return dataset.shard(num_replicas, replica_index) if by_record else dataset
+    """This replica's share of the TFRecord files matching `file_pattern` (`shard_files`' rule).
+
+    The zoo builds one input pipeline per replica (its towers take turns at
+    it); a user's loss function shares the same rule per tower through
+    `InputContext.shard`.
+    """
+    return shard_records(file_pattern, replica_index, num_replicas)
 
 
 def tfrecord(

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import placement
+from disttrain import input_context, placement
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
@@ -129,6 +130,8 @@ class Strategy(abc.ABC):
         # What a step fetches as the global step, where reading the variable itself would cost
         # the step a round trip to its PS (set by apply_gradients; None: read the variable).
         self.global_step_read: tf.Tensor | None = None
+        self.tower = 0  # the tower whose loss is being built (towers call loss_fn in turn)
+        self.batch_size: int | None = None  # examples per tower and step, when minimize() is told
 
     # ---- devices ----------------------------------------------------
 
@@ -210,6 +213,7 @@ class Strategy(abc.ABC):
 
         losses, tower_grads = [], []
         for i, device in enumerate(self.compute_devices):
+            self.tower = i
             with (
                 setter.tower(device),
                 tf.name_scope(f"tower_{i}"),
@@ -305,7 +309,14 @@ class Strategy(abc.ABC):
 
         return read
 
-    def minimize(self, optimizer, loss, global_step=None, check_numerics: bool = False) -> tf.Operation:
+    def minimize(
+        self,
+        optimizer,
+        loss,
+        global_step=None,
+        check_numerics: bool = False,
+        batch_size: int | None = None,
+    ) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
         Placement: a strategy with no plan yet plans one from `loss` (a
@@ -326,10 +337,16 @@ class Strategy(abc.ABC):
         before anything is applied (each gradient is checked on its own, so
         pushing early gradients still overlaps the rest of backprop), and the
         variables, hence the checkpoints, never hold a diverged value.
+        A loss function that takes one argument gets the `InputContext` of
+        the tower it builds (its replica and tower, `batch_size`, `shard()`,
+        `get_next()`).
         Call inside `scope()`.
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
+        self.batch_size = batch_size
+        if callable(loss) and input_context.takes_context(loss):
+            loss = functools.partial(lambda fn: fn(self.input_context()), loss)
         if self.plan is None and self.tables is None and callable(loss):
             try:
                 self.plan = self.plan_from(placement.collect_get_variables(loss))
@@ -391,6 +408,18 @@ class Strategy(abc.ABC):
         """Bring this step's gradients to the variables."""
 
     # ---- what the loop needs ----------------------------------------
+
+    def input_context(self) -> input_context.InputContext:
+        """What the input pipeline of the tower being built feeds (see `disttrain.input_context`)."""
+        local = self.cluster.is_local
+        return input_context.InputContext(
+            replica_index=0 if local else max(self.cluster.replica_index, 0),
+            num_replicas=1 if local else self.cluster.num_replicas,
+            tower_index=self.tower,
+            num_towers=self.num_towers,
+            batch_size=self.batch_size,
+            global_batch_size=self.examples_per_step(self.batch_size) if self.batch_size else None,
+        )
 
     def describe(self) -> str:
         """This strategy and its settings, as it was built (for logs and TensorBoard)."""

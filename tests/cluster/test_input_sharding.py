@@ -1,0 +1,165 @@
+"""Every replica and tower reads its own examples, once, across restarts (real clusters).
+
+The data are 256 distinct ids in 8 TFRecord files. A loss function that
+takes the input context shards them (`ctx.shard`) and reads them through
+`ctx.get_next`, and records every id it reads in a file of its own; the
+dataset does not repeat, so its end ends training. 2 workers x 2 towers
+(virtual CPUs): 4 pipelines of 2 files each.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+
+import pytest
+import tensorflow as tf
+
+from disttrain.local import free_port
+from tests.cluster.helpers import wait_for_line
+from tests.cluster.test_own_model import logs, run_all, start
+
+pytestmark = pytest.mark.cluster
+
+IDS, FILES, BATCH = 256, 8, 4
+
+SCRIPT = """
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import disttrain
+
+v1 = tf.compat.v1
+OUT = {out!r}
+
+
+def record(ids, replica, tower):
+    with open(os.path.join(OUT, f"ids_{{os.getpid()}}_{{replica}}_{{tower}}.txt"), "a") as f:
+        f.write("".join(f"{{i}}\\n" for i in ids))
+    return np.int64(len(ids))
+
+
+def loss_fn(ctx):
+    records = ctx.shard({pattern!r})
+    ids = ctx.get_next(records.map(lambda r: tf.io.parse_single_example(
+        r, {{"id": tf.io.FixedLenFeature([], tf.int64)}})["id"]).batch(ctx.batch_size))
+    read = tf.numpy_function(record, [ids, ctx.replica_index, ctx.tower_index], tf.int64)
+    w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
+    return tf.square(w - 1.0) + 0.0 * tf.cast(read, tf.float32)
+
+
+disttrain.fit(
+    loss_fn,
+    lambda: v1.train.GradientDescentOptimizer({lr}),
+    steps=100000,
+    logdir={logdir!r},
+    strategy=lambda cluster: disttrain.{strategy}(cluster, num_towers=2),
+    batch_size={batch},
+    log_every_steps=2,
+    save_checkpoint_steps=2,
+    ps_linger_secs=120,
+    stall_steps=0,
+)
+"""
+
+
+def write_ids(directory) -> str:
+    directory.mkdir()
+    for f in range(FILES):
+        with tf.io.TFRecordWriter(str(directory / f"ids-{f}.tfrecord")) as writer:
+            for i in range(f, IDS, FILES):
+                example = tf.train.Example(
+                    features=tf.train.Features(
+                        feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+                    )
+                )
+                writer.write(example.SerializeToString())
+    return str(directory / "ids-*.tfrecord")
+
+
+def setup(tmp_path, strategy: str, lr: float = 0.01) -> tuple[str, dict]:
+    out = tmp_path / "read"
+    out.mkdir()
+    path = tmp_path / "model.py"
+    path.write_text(
+        SCRIPT.format(
+            out=str(out),
+            pattern=write_ids(tmp_path / "data"),
+            logdir=str(tmp_path / "logdir"),
+            strategy=strategy,
+            batch=BATCH,
+            lr=lr,
+        )
+    )
+    cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    if strategy != "SyncAllReduce":
+        cluster["ps"] = [f"127.0.0.1:{free_port()}"]
+    return str(path), cluster
+
+
+def ids_read(tmp_path) -> tuple[collections.Counter, dict[tuple[str, str], list[int]]]:
+    """How often each id was read, and the ids each (replica, tower) read."""
+    counts, by_pipeline = collections.Counter(), collections.defaultdict(list)
+    for name in os.listdir(tmp_path / "read"):
+        _, _, replica, tower = name[: -len(".txt")].split("_")
+        ids = [int(x) for x in (tmp_path / "read" / name).read_text().split()]
+        counts.update(ids)
+        by_pipeline[(replica, tower)] += ids
+    return counts, by_pipeline
+
+
+@pytest.mark.parametrize("strategy", ["AsyncParameterServer", "SyncParameterServer", "SyncAllReduce"])
+def test_every_id_is_read_exactly_once_per_epoch(tmp_path, strategy):
+    path, cluster = setup(tmp_path, strategy)
+    procs = {
+        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
+        for job in cluster
+        for i in range(len(cluster[job]))
+    }
+    codes = run_all(procs, tmp_path)
+    assert set(codes.values()) == {0}, (codes, logs(tmp_path))
+    counts, by_pipeline = ids_read(tmp_path)
+    assert sorted(counts) == list(range(IDS)) and set(counts.values()) == {1}, counts.most_common(5)
+    # Four pipelines (2 replicas x 2 towers), each its own two whole files.
+    assert len(by_pipeline) == 4 and all(len(ids) == IDS // 4 for ids in by_pipeline.values())
+    for ids in by_pipeline.values():
+        assert len({i % FILES for i in ids}) == FILES // 4
+
+
+def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
+    path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001)
+    procs = {
+        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
+        for job in cluster
+        for i in range(len(cluster[job]))
+    }
+    task_dir = tmp_path / "logdir" / "tasks" / "worker_1"
+    try:
+        # Killed once it has saved a position and read more since.
+        wait_for_line(tmp_path / "worker_1.log", r"worker/task:1 step \d+ ", timeout=180)
+        deadline = time.monotonic() + 60
+        while not list(task_dir.glob("input-r2t2-*.index")):
+            assert time.monotonic() < deadline, "worker 1 never saved its input position"
+            time.sleep(0.05)
+        os.kill(procs["worker_1"].pid, signal.SIGKILL)
+        procs["worker_1"].wait()
+        procs["worker_1"] = start(path, tmp_path, cluster, "worker", 1, tag="_restarted")
+        codes = run_all(procs, tmp_path)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    assert set(codes.values()) == {0}, (codes, logs(tmp_path))
+    assert "input position restored from" in (tmp_path / "worker_1_restarted.log").read_text()
+    counts, _ = ids_read(tmp_path)
+    assert sorted(counts) == list(range(IDS)), "an id was skipped"
+    repeated = [i for i, n in counts.items() if n > 1]
+    # Only worker 1's ids, and at most what it read between its last save and the kill: the save
+    # interval (2 steps) and the step in flight, 2 towers x BATCH ids each.
+    assert all(n == 2 for n in counts.values() if n > 1)
+    assert len(repeated) <= 3 * 2 * BATCH, sorted(repeated)
+    assert all(i % FILES in (4, 5, 6, 7) for i in repeated), sorted(repeated)  # pipelines 2 and 3: files 4-7
