@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from disttrain.clipping import Clip
 from disttrain.errors import ConfigError
 
 
@@ -36,6 +37,10 @@ class RunSettings:
       not moved in this many of its own steps (every strategy's step moves
       it: its own update, or the synchronous one it waited for); None: three
       logging intervals, at least 10 steps; 0: never.
+    clip_norm: clip the gradient by its global norm to this (None: no
+      clipping); clip_where: 'replica' (this replica's gradient, before
+      aggregation: every strategy) or 'aggregate' (the averaged gradient the
+      update applies: SyncAllReduce, SyncParameterServer). See disttrain.clipping.
     """
 
     log_every_steps: int = 100
@@ -51,6 +56,8 @@ class RunSettings:
     decay_window: int = 3
     trace_steps: int = 0
     stall_steps: int | None = None
+    clip_norm: float | None = None
+    clip_where: str = "replica"
 
     @classmethod
     def of(cls, **settings) -> RunSettings:
@@ -72,6 +79,7 @@ class RunSettings:
             raise ConfigError(f"{where}.stall_steps must be >= 0 (0: never), got {self.stall_steps}")
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
             raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
+        Clip.of(self)  # ConfigError on an impossible clip_norm or clip_where
         return self
 
     @property

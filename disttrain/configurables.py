@@ -8,6 +8,9 @@ itself never reads gin. Names in .gin files:
 - strategies by class name: `@AsyncParameterServer`, ... (uncalled: the
   launcher calls them with the cluster)
 - optimizers: `@Adam`, `@LazyAdam`, `@Adagrad`, `@SGD`, `@Momentum`, `@RMSProp` (uncalled)
+- learning-rate schedules, given as an optimizer's learning_rate: `@constant_lr()`,
+  `@piecewise_lr()`, `@cosine_lr()` (called: the optimizer calls the schedule), and
+  `@linear_scaling()` as a schedule's learning_rate (disttrain.schedules)
 - inputs: `@synthetic_input`, `@tfrecord_input`, `@sequence_input`, `@imagenet_input`,
   `@criteo_synthetic_input`, `@criteo_tfrecord_input` (uncalled)
 """
@@ -18,7 +21,7 @@ import gin
 import tensorflow as tf
 
 import model_zoo
-from disttrain import strategies
+from disttrain import schedules, strategies
 from disttrain.bench.tf_default import TFDefault
 from disttrain.config import TrainConfig
 from disttrain.optimizers import LazyAdamOptimizer
@@ -46,6 +49,10 @@ def register_all() -> None:
     gin.external_configurable(v1.train.GradientDescentOptimizer, "SGD")
     gin.external_configurable(v1.train.MomentumOptimizer, "Momentum")
     gin.external_configurable(v1.train.RMSPropOptimizer, "RMSProp")
+    gin.external_configurable(schedules.Constant, "constant_lr")
+    gin.external_configurable(schedules.Piecewise, "piecewise_lr")
+    gin.external_configurable(schedules.Cosine, "cosine_lr")
+    gin.external_configurable(schedules.linear_scaling, "linear_scaling")
     gin.external_configurable(inputs.synthetic, "synthetic_input")
     gin.external_configurable(inputs.tfrecord, "tfrecord_input")
     gin.external_configurable(inputs.sequence, "sequence_input")

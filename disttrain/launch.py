@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from disttrain import input_context, logs, metrics, placement, servers, trainer
+from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings, TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, TransientError
@@ -64,7 +65,7 @@ def fit(
     batch_size: examples per tower and step, for examples/sec.
     hooks: more session hooks for every replica.
     settings: any RunSettings field (log_every_steps, save_checkpoint_steps,
-      peer_wait_secs, ps_linger_secs, check_numerics, ...).
+      peer_wait_secs, ps_linger_secs, check_numerics, clip_norm, clip_where, ...).
 
     A PS serves until training is done and returns None; a replica trains
     and returns what it measured. What ends a task (a configuration error, a
@@ -245,7 +246,9 @@ def train_replica(
     """A replica's whole life: build its graph, train it to `steps` in `session`, return what it measured."""
     cluster = strategy.cluster
     trainer.check_writable(logdir)
-    built = trainer.build(strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size)
+    built = trainer.build(
+        strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size, clip=Clip.of(settings)
+    )
     if cluster.is_chief:
         texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}
         texts["run/strategy"] = strategy.describe()
@@ -300,7 +303,11 @@ def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trai
     """A model_zoo replica's training graph in the current graph, placement planned from its shapes."""
     strategy.plan_placement(config.model.build_variables)
     return trainer.build(
-        strategy, zoo_loss_fn(config, cluster, strategy), config.optimizer, config.check_numerics
+        strategy,
+        zoo_loss_fn(config, cluster, strategy),
+        config.optimizer,
+        config.check_numerics,
+        clip=Clip.of(config),
     )
 
 

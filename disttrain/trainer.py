@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from disttrain import input_context, metrics
+from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
 from disttrain.errors import ConfigError, DivergedError, StalledError, TransientError
@@ -45,6 +46,7 @@ def build(
     optimizer_fn: Callable,
     check_numerics: bool,
     batch_size: int | None = None,
+    clip: Clip | None = None,
 ) -> Built:
     """Build this replica's training graph in the current default graph: towers, gradients, update.
 
@@ -64,7 +66,9 @@ def build(
         checked_loss = lambda: checked(loss_fn())
     with strategy.scope():
         global_step = v1.train.get_or_create_global_step()
-        train_op = strategy.minimize(optimizer_fn(), checked_loss, global_step, check_numerics, batch_size)
+        train_op = strategy.minimize(
+            optimizer_fn(), checked_loss, global_step, check_numerics, batch_size, clip=clip
+        )
     if strategy.global_step_read is not None:
         global_step = strategy.global_step_read
     return Built(v1.get_default_graph(), train_op, strategy.loss, global_step, strategy)

@@ -228,6 +228,7 @@ class SyncAllReduce(Strategy):
 
     uses_ps = False
     recovers_in_process = False
+    aggregate_clipped_at = "the all-reduced mean, on every replica"
     # Each weight gradient as soon as it is computed (TF's gating would hold a layer's weight
     # gradient until the gradient flowing to the layer below is computed too).
     gate_gradients = v1.train.Optimizer.GATE_NONE
@@ -319,6 +320,8 @@ class SyncAllReduce(Strategy):
             for i, g in zip(dense + rows, reduced + gathered, strict=True):
                 grads[i] = g
             grads_and_vars = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
+        with tf.device(self.compute_devices[0]):
+            grads_and_vars = self.clip_aggregate(grads_and_vars)
         return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
 
     def _dense_or_rows(self, grad, var):

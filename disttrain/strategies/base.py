@@ -25,6 +25,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from disttrain import input_context, placement
+from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
@@ -108,6 +109,11 @@ class Strategy(abc.ABC):
     # How optimizer.compute_gradients gates a backprop op's gradients (TF's default: all of an
     # op's input gradients are computed before any is used).
     gate_gradients = v1.train.Optimizer.GATE_OP
+    # Where this strategy has the aggregate gradient in one place, for clip_where='aggregate'
+    # (None: it never aggregates; see disttrain.clipping). Subclasses that set it clip there
+    # with `clip_aggregate`.
+    aggregate_clipped_at: str | None = None
+    _aggregate_clip: float | None = None
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster
@@ -316,6 +322,8 @@ class Strategy(abc.ABC):
         global_step=None,
         check_numerics: bool = False,
         batch_size: int | None = None,
+        *,
+        clip: Clip | None = None,
     ) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
@@ -337,6 +345,8 @@ class Strategy(abc.ABC):
         before anything is applied (each gradient is checked on its own, so
         pushing early gradients still overlaps the rest of backprop), and the
         variables, hence the checkpoints, never hold a diverged value.
+        `clip`: clip the gradient by its global norm, this replica's (after
+        its towers are averaged) or the aggregate's (`disttrain.clipping`).
         A loss function that takes one argument gets the `InputContext` of
         the tower it builds (its replica and tower, `batch_size`, `shard()`,
         `get_next()`).
@@ -344,6 +354,12 @@ class Strategy(abc.ABC):
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
+        if clip is not None and clip.where == "aggregate" and self.aggregate_clipped_at is None:
+            raise ConfigError(
+                f"clip_where='aggregate': {type(self).__name__} never aggregates gradients (each "
+                "replica's update is applied alone); use clip_where='replica'"
+            )
+        self._aggregate_clip = clip.norm if clip is not None and clip.where == "aggregate" else None
         self.batch_size = batch_size
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
@@ -376,6 +392,9 @@ class Strategy(abc.ABC):
             grads_and_vars = [
                 (_checked(g, f"{NON_FINITE} gradient of {v.op.name}"), v) for g, v in grads_and_vars
             ]
+        if clip is not None and clip.where == "replica":
+            with self.setter.tower(self.compute_devices[0]):
+                grads_and_vars = clip_by_global_norm(grads_and_vars, clip.norm)
         prefix = "tower_0/" if self.num_towers > 1 else ""
         updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
         with tf.control_dependencies(updates + state_updates):
@@ -406,6 +425,12 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def apply_gradients(self, optimizer, grads_and_vars, global_step) -> tf.Operation:
         """Bring this step's gradients to the variables."""
+
+    def clip_aggregate(self, grads_and_vars, colocate: bool = False):
+        """The aggregate gradient clipped by its global norm when minimize() was asked to; else as given."""
+        if self._aggregate_clip is None:
+            return grads_and_vars
+        return clip_by_global_norm(grads_and_vars, self._aggregate_clip, colocate)
 
     # ---- what the loop needs ----------------------------------------
 

@@ -68,6 +68,7 @@ class SyncParameterServer(Strategy):
     """
 
     uses_ps = True
+    aggregate_clipped_at = "the accumulators' mean, each variable's part on its PS"
 
     def __init__(
         self,
@@ -126,7 +127,7 @@ class SyncParameterServer(Strategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.aggregates:
-            return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+            return optimizer.apply_gradients(self.clip_aggregate(grads_and_vars), global_step=global_step)
         if self._step is None:
             raise RuntimeError(
                 "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
@@ -168,6 +169,7 @@ class SyncParameterServer(Strategy):
             for acc, var in accumulators:
                 with tf.device(var.device):
                     aggregated.append((acc.take(self.replicas_to_aggregate), var))
+            aggregated = self.clip_aggregate(aggregated, colocate=True)
             update = optimizer.apply_gradients(aggregated, global_step=global_step)
             with tf.device(global_step.device):
                 current = global_step.read_value()
