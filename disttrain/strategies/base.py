@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import input_context, placement
+from disttrain import input_context, placement, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
@@ -397,7 +397,9 @@ class Strategy(abc.ABC):
                 grads_and_vars = clip_by_global_norm(grads_and_vars, clip.norm)
         prefix = "tower_0/" if self.num_towers > 1 else ""
         updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
-        with tf.control_dependencies(updates + state_updates):
+        # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
+        batch = schedules.global_batch(self.examples_per_step(batch_size)) if batch_size else None
+        with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
             return self.apply_gradients(optimizer, grads_and_vars, global_step)
 
     def plan_from(self, specs) -> placement.Plan | None:

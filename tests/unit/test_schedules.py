@@ -158,3 +158,15 @@ def test_every_strategy_applies_the_rate_of_the_step_it_increments(mode, towers)
     for name in ("w", "table"):
         np.testing.assert_allclose(values[name], reference[name], rtol=1e-5, atol=1e-7)
     assert not np.allclose(reference["w"], _one_process(s.Constant(0.5))["w"])  # the schedule mattered
+
+
+def test_minimize_told_the_batch_resolves_linear_scaling_from_the_strategy():
+    """What fit and bin/train.py do: minimize(batch_size=...) builds the update in that global batch."""
+    schedule = s.Constant(s.linear_scaling(0.1, reference_batch=8))
+    strategy = SyncAllReduce(Cluster.local(), num_towers=2)  # 2 towers x 4 = 8 examples per step
+    with tf.Graph().as_default():
+        with strategy.scope():
+            optimizer = v1.train.GradientDescentOptimizer(schedule)
+            strategy.minimize(optimizer, loss_fn, batch_size=4)
+        with v1.Session(config=strategy.config()) as session:
+            assert session.run(optimizer._learning_rate_tensor) == pytest.approx(0.1)
