@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, logs, metrics, placement, servers, trainer
+from disttrain import evaluation, input_context, logs, metrics, placement, servers, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings, TrainConfig
@@ -45,6 +45,8 @@ def fit(
     cluster: Cluster | None = None,
     batch_size: int = 1,
     hooks: Sequence[v1.train.SessionRunHook] = (),
+    eval_fn: Callable | None = None,
+    eval_steps: int = 10,
     **settings,
 ) -> metrics.TaskThroughput | None:
     """Train `loss_fn` with `optimizer_fn()` on this task's part of the cluster; any role.
@@ -64,6 +66,12 @@ def fit(
     cluster: None reads TF_CONFIG; no TF_CONFIG means one local process.
     batch_size: examples per tower and step, for examples/sec.
     hooks: more session hooks for every replica.
+    eval_fn: builds held-out metrics, `eval_fn()` or `eval_fn(input_context)`:
+      a scalar loss tensor or a dict name -> scalar tensor, from a held-out
+      input, with the training variables' names (the same get_variable
+      calls, or the same Keras model). A task of type 'evaluator' then
+      evaluates each checkpoint on the same `eval_steps` batches, beside
+      training, and writes `eval/<name>` scalars under `<logdir>/eval`.
     settings: any RunSettings field (log_every_steps, save_checkpoint_steps,
       peer_wait_secs, ps_linger_secs, check_numerics, clip_norm, clip_where, ...).
 
@@ -81,7 +89,14 @@ def fit(
             serve(cluster, settings)
             return None
         if cluster.task_type == EVALUATOR:
-            raise ConfigError("fit() runs no evaluator task: start the script as ps, worker or chief")
+            if eval_fn is None:
+                raise ConfigError(
+                    "an evaluator task needs fit(..., eval_fn=...): start the script as ps, worker or "
+                    "chief, or give eval_fn"
+                )
+            build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
+            evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs)
+            return None
         return train_replica(
             make_strategy(strategy, cluster),
             loss_fn,
@@ -335,7 +350,6 @@ def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -
 def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
     """Evaluate each new checkpoint on the same batches of the eval input; stop after the last one."""
     model = config.model
-    eval_dir = os.path.join(logdir, "eval")
     input_fn = config.eval_input_fn
     if input_fn is None:
         log.warning(
@@ -343,31 +357,16 @@ def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built)
             "(bind it to a held-out split for a held-out accuracy)"
         )
         input_fn = config.input_fn
-    with tf.Graph().as_default():
+
+    def build_metrics():
         dataset = input_fn(model, config.batch_size, 0, 1)
-        # A session per checkpoint: each starts the iterator afresh, so all see the same batches.
         features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
         logits = model(features, training=False)
-        loss = model.loss(logits, labels)
-        accuracy = model.accuracy(logits, labels)
-        global_step = v1.train.get_or_create_global_step()
-        saver = v1.train.Saver()
-        writer = v1.summary.FileWriter(eval_dir)
-        for path in v1.train.checkpoints_iterator(logdir, min_interval_secs=1, timeout=config.peer_wait_secs):
-            with v1.Session() as session:
-                saver.restore(session, path)
-                values = [session.run([loss, accuracy]) for _ in range(config.eval_steps)]
-                step = int(session.run(global_step))
-            mean_loss = sum(v[0] for v in values) / len(values)
-            mean_acc = sum(v[1] for v in values) / len(values)
-            writer.add_summary(
-                metrics.scalar_summary({"eval/loss": mean_loss, "eval/accuracy": mean_acc}), step
-            )
-            writer.flush()
-            log.info(f"evaluator: step {step}  eval loss {mean_loss:.4f}  accuracy {mean_acc:.3f}")
-            if step >= config.train_steps:
-                break
-        writer.close()
+        return {"loss": model.loss(logits, labels), "accuracy": model.accuracy(logits, labels)}
+
+    evaluation.evaluate_checkpoints(
+        logdir, build_metrics, config.eval_steps, config.train_steps, config.peer_wait_secs
+    )
     return 0
 
 

@@ -3,8 +3,8 @@
 Each example is the README's code block, written to a file and started as
 every task of a cluster (the same script for every role, TF_CONFIG telling
 each its role). The only edits: fewer steps and a smaller width (so CPU runs
-take seconds), a log directory under the test's, a checkpoint interval where
-a test needs one, and the strategy where a test runs another.
+take seconds), a log and data directory under the test's, a checkpoint
+interval where a test needs one, and the strategy where a test runs another.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ def readme_examples() -> dict[str, str]:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
     fits = [b for b in blocks if "disttrain.fit(" in b]
     return {
-        "get_variable": next(b for b in fits if "get_variable" in b),
+        "get_variable": next(b for b in fits if "get_variable" in b and "ctx.shard" not in b),
         "keras": next(b for b in fits if "keras" in b),
+        "files": next(b for b in fits if "ctx.shard" in b),
     }
 
 
@@ -54,6 +55,7 @@ def script(tmp_path, example: str, strategy: str, steps: int = 40, extra: str = 
     code, n = re.subn(r'logdir="/tmp/\w+"', f'logdir="{tmp_path / "logdir"}"', code)
     assert n == 1
     code = code.replace("4096", "64").replace("Dense(512", "Dense(32")
+    code = code.replace('DATA = "/tmp/mlp_data"', f'DATA = "{tmp_path / "data"}"')
     path = tmp_path / f"own_{example}_model.py"  # not keras.py: it would shadow keras
     path.write_text(code)
     return str(path)
@@ -127,6 +129,32 @@ def test_example_trains_on_a_real_cluster_and_every_task_exits_0(tmp_path, examp
         # Batch norm's moving statistics were updated by the steps and checkpointed.
         means = checkpoint_values(tmp_path / "logdir", r"moving_mean$")
         assert means and np.abs(means[0]).max() > 1e-4, means
+
+
+@pytest.mark.parametrize("strategy", ["sync", "allreduce"])
+def test_file_reading_example_trains_sharded_and_an_evaluator_measures_it(tmp_path, strategy):
+    """README's file example as written: 2 replicas read their own files, an evaluator the held-out one."""
+    path = script(
+        tmp_path, "files", strategy, steps=30, extra=", save_checkpoint_steps=10, log_every_steps=10"
+    )
+    cluster = {**cluster_of(strategy), "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    procs = {
+        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
+        for job in cluster
+        for i in range(len(cluster[job]))
+    }
+    procs["evaluator_0"] = start(path, tmp_path, cluster, "evaluator", 0)
+    codes = run_all(procs, tmp_path)
+    assert set(codes.values()) == {0}, (codes, logs(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == sorted(
+        [f"train-{i}.tfrecord" for i in range(8)] + ["eval-8.tfrecord"]
+    )
+    evaluated = re.findall(
+        r"evaluator: step (\d+)  eval loss ([\d.]+)", (tmp_path / "evaluator_0.log").read_text()
+    )
+    assert evaluated and int(evaluated[-1][0]) >= 30, logs(tmp_path)
+    for worker in ("worker_0", "worker_1"):  # each replica saved its own input position
+        assert list((tmp_path / "logdir" / "tasks" / worker).glob("input-r2t1-*.index")), worker
 
 
 def test_user_model_resumes_from_its_checkpoint_after_the_chief_is_killed(tmp_path):

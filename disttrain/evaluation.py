@@ -1,0 +1,75 @@
+"""The evaluator: each new checkpoint measured on the same held-out batches, beside training.
+
+One loop for the zoo's evaluator task (its model's loss and accuracy on
+`TrainConfig.eval_input_fn`) and a user's (`fit(..., eval_fn=...)`): build
+the metrics once in a graph of their own, then for each checkpoint the chief
+writes, restore it in a new session (so the input starts afresh and every
+checkpoint sees the same batches), average each metric over `eval_steps`
+batches, write `eval/<name>` scalars under `<logdir>/eval` and log one line.
+It stops after the checkpoint of the last step, or when none comes within
+`wait_secs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+import tensorflow as tf
+
+from disttrain import input_context, metrics
+
+v1 = tf.compat.v1
+log = logging.getLogger("disttrain")
+
+
+def as_metrics(built) -> dict[str, tf.Tensor]:
+    """What an eval function returned, as name -> scalar tensor (a lone tensor is the loss)."""
+    if isinstance(built, Mapping):
+        return dict(built)
+    return {"loss": built}
+
+
+def call_eval_fn(eval_fn: Callable, batch_size: int | None) -> dict[str, tf.Tensor]:
+    """`eval_fn()`, or `eval_fn(context)` with the one pipeline an evaluator has."""
+    if input_context.takes_context(eval_fn):
+        return as_metrics(
+            eval_fn(input_context.InputContext(batch_size=batch_size, global_batch_size=batch_size))
+        )
+    return as_metrics(eval_fn())
+
+
+def evaluate_checkpoints(
+    logdir: str,
+    build_metrics: Callable[[], dict[str, tf.Tensor]],
+    eval_steps: int,
+    last_step: int,
+    wait_secs: float,
+) -> list[tuple[int, dict[str, float]]]:
+    """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
+
+    `build_metrics()` builds the metrics (variables named as in training, so
+    that the checkpoint restores them) in a fresh graph.
+    """
+    measured = []
+    with tf.Graph().as_default():
+        values = build_metrics()
+        names = sorted(values)
+        global_step = v1.train.get_or_create_global_step()
+        saver = v1.train.Saver()
+        writer = v1.summary.FileWriter(os.path.join(logdir, "eval"))
+        for path in v1.train.checkpoints_iterator(logdir, min_interval_secs=1, timeout=wait_secs):
+            with v1.Session() as session:
+                saver.restore(session, path)
+                runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
+                step = int(session.run(global_step))
+            means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
+            writer.add_summary(metrics.scalar_summary({f"eval/{n}": v for n, v in means.items()}), step)
+            writer.flush()
+            log.info(f"evaluator: step {step}  " + "  ".join(f"eval {n} {v:.4f}" for n, v in means.items()))
+            measured.append((step, means))
+            if step >= last_step:
+                break
+        writer.close()
+    return measured
