@@ -22,7 +22,6 @@ import tensorflow as tf
 
 import model_zoo
 from disttrain import schedules, strategies
-from disttrain.bench.tf_default import TFDefault
 from disttrain.config import TrainConfig
 from disttrain.optimizers import LazyAdamOptimizer
 from model_zoo import imagenet, inputs
@@ -39,10 +38,8 @@ def register_all() -> None:
     _REGISTERED["TrainConfig"] = gin.external_configurable(TrainConfig, "TrainConfig")
     for name in model_zoo.names():
         gin.external_configurable(model_zoo.get(name), name)
-    for name in strategies.__all__:
-        if name != "Strategy":
-            gin.external_configurable(getattr(strategies, name), name)
-    gin.external_configurable(TFDefault, "TFDefault")  # TF's default layout, for the benchmark
+    for cls in strategies.concrete():  # TFDefault too: TF's default layout, for the benchmark
+        gin.external_configurable(cls, cls.__name__)
     gin.external_configurable(v1.train.AdamOptimizer, "Adam")
     gin.external_configurable(LazyAdamOptimizer, "LazyAdam")
     gin.external_configurable(v1.train.AdagradOptimizer, "Adagrad")

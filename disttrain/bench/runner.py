@@ -57,28 +57,27 @@ class BenchError(ConfigError):
 class StrategyKind:
     """A replica strategy as the benchmark sees it: how to bind it and how to count it."""
 
-    name: str  # the --strategy value
+    name: str  # the --strategy value (Strategy.kind)
     class_name: str  # the gin name and class name
     synchronous: bool
     uses_ps: bool
+
+    @classmethod
+    def of(cls, strategy: type[strategies.Strategy], class_name: str | None = None) -> StrategyKind:
+        """What `strategy` declares (kind, synchronous, uses_ps), under its own name or `class_name`."""
+        return cls(strategy.kind, class_name or strategy.__name__, strategy.synchronous, strategy.uses_ps)
 
     @property
     def binding(self) -> str:
         return f"TrainConfig.strategy=@{self.class_name}"
 
 
-STRATEGIES = {
-    k.name: k
-    for k in (
-        StrategyKind("async_ps", "AsyncParameterServer", synchronous=False, uses_ps=True),
-        StrategyKind("sync_ps", "SyncParameterServer", synchronous=True, uses_ps=True),
-        StrategyKind("allreduce", "SyncAllReduce", synchronous=True, uses_ps=False),
-    )
-}
-TF_DEFAULT = StrategyKind("async_ps", "TFDefault", synchronous=False, uses_ps=True)
-# TF 2's strategies (bench.tf2): not gin bindings; each system has its one kind, as tf_default.
-TF2_PSS = StrategyKind("async_ps", "ParameterServerStrategy", synchronous=False, uses_ps=True)
-TF2_MWMS = StrategyKind("allreduce", "MultiWorkerMirroredStrategy", synchronous=True, uses_ps=False)
+# Every strategy of disttrain.strategies that is not a baseline, by its kind.
+STRATEGIES = {kind: StrategyKind.of(cls) for kind, cls in strategies.by_kind().items()}
+TF_DEFAULT = StrategyKind.of(strategies.TFDefault)
+# TF 2's strategies (bench.tf2): not gin bindings; each is counted as the disttrain strategy it matches.
+TF2_PSS = StrategyKind.of(strategies.AsyncParameterServer, "ParameterServerStrategy")
+TF2_MWMS = StrategyKind.of(strategies.SyncAllReduce, "MultiWorkerMirroredStrategy")
 
 
 _logdirs = itertools.count(1)
@@ -255,17 +254,11 @@ class Benchmark:
         if system in tf2.PEERS:
             return TF2_PSS if tf2.PEERS[system].uses_ps else TF2_MWMS
         if self.config.strategy is not None:
-            kind = STRATEGIES[self.config.strategy]
-            if kind.class_name not in strategies.__all__:
-                raise BenchError(
-                    f"--strategy={kind.name} unavailable: disttrain.strategies has no {kind.class_name}"
-                )
-            return kind
+            return STRATEGIES[self.config.strategy]
         own = self.config.load_config(self._bindings()).strategy
-        for kind in STRATEGIES.values():
-            cls = getattr(strategies, kind.class_name, None)
-            if cls is not None and isinstance(own, type) and issubclass(own, cls):
-                return kind
+        for kind, cls in strategies.by_kind().items():
+            if isinstance(own, type) and issubclass(own, cls):
+                return STRATEGIES[kind]
         raise BenchError(
             f"the config's strategy {own!r} is not one the benchmark counts; "
             f"pass --strategy={'|'.join(STRATEGIES)}"

@@ -123,7 +123,7 @@ def best_layout(
     (async PS trains differently). Returns the final prediction and the
     changes, in order.
     """
-    synchronous = strategy.kind != cost.ASYNC_PS
+    synchronous = strategy.synchronous
     current = cost.predict(model, shape, strategy, constants)
     steps: list[str] = []
     for _ in range(rounds):

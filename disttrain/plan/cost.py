@@ -1,6 +1,6 @@
 """The planner's cost model: a cluster's step time from its shape, its links and one GPU's step.
 
-Pure functions on numbers (no TensorFlow). It carries DESIGN.md's
+Pure functions on numbers (no graph, no session). It carries DESIGN.md's
 performance model, and what the benchmark measured on emulated hosts, to
 shapes that cannot be measured here:
 
@@ -40,13 +40,18 @@ stale-gradient effects on convergence.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
+from disttrain import strategies
 from disttrain.bench import bound as bound_lib
 from disttrain.errors import ConfigError
 
-ASYNC_PS, SYNC_PS, ALLREDUCE = "async_ps", "sync_ps", "allreduce"
+# The strategy kinds this model has terms for, named as the classes declare them (Strategy.kind).
+ASYNC_PS = strategies.AsyncParameterServer.kind
+SYNC_PS = strategies.SyncParameterServer.kind
+ALLREDUCE = strategies.SyncAllReduce.kind
 STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE)
 DISTTRAIN, ROUND_ROBIN = "disttrain", "round_robin"
 PLACEMENTS = (DISTTRAIN, ROUND_ROBIN)
@@ -200,7 +205,13 @@ class Strategy:
 
     @property
     def uses_ps(self) -> bool:
-        return self.kind != ALLREDUCE
+        """As the strategy class of this kind declares it (`Strategy.uses_ps`)."""
+        return _declared(self.kind, "uses_ps")
+
+    @property
+    def synchronous(self) -> bool:
+        """As the strategy class of this kind declares it (`Strategy.synchronous`)."""
+        return _declared(self.kind, "synchronous")
 
     def describe(self) -> str:
         parts = [self.kind]
@@ -218,6 +229,14 @@ class Strategy:
             parts.append(f"{self.placement} placement")
         parts.append(f"over {self.transport.name if self.transport else GRPC}")
         return ", ".join(parts)
+
+
+@functools.cache
+def _declared(kind: str, attribute: str) -> bool:
+    cls = strategies.by_kind().get(kind)
+    if cls is None:
+        raise PlanError(f"unknown strategy {kind!r}: expected one of {', '.join(STRATEGIES)}")
+    return bool(getattr(cls, attribute))
 
 
 @dataclasses.dataclass(frozen=True)

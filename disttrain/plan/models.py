@@ -143,7 +143,9 @@ def strategy_from_config(
     """The settings of `config.strategy` (as gin bound them) for the cost model.
 
     Builds the strategy once for a stand-in cluster of 64 replicas (and one PS
-    when it uses PS) to read its settings; nothing starts. The cost model
+    when it uses PS) to read the settings its class names in `knobs`; nothing
+    starts. A knob the cost model has no field for is left out; a setting the
+    strategy has no knob for keeps the cost model's default. The cost model
     checks the settings against the planned cluster (backup workers < workers).
     The transport is what disttrain uses on GPUs: gRPC for PS and for
     all-reduce's 'auto' and 'ring' hints, NCCL (over TCP) for the 'nccl' hint.
@@ -152,14 +154,20 @@ def strategy_from_config(
     if kind != cost.ALLREDUCE:
         jobs[PS] = ["localhost:100"]
     built = config.strategy(Cluster(jobs=jobs, task_type=WORKER, task_index=0))
-    dtype = getattr(built, "transfer_dtype", None)
-    return cost.Strategy(
-        kind=kind,
-        overlap=bool(getattr(built, "overlap", False)),
-        piece_bytes=getattr(built, "piece_bytes", None),
-        bucket_bytes=int(getattr(built, "bucket_bytes", 4 * 2**20)),
-        transfer_bits=16 if dtype is not None and dtype.size == 2 else 32,
-        backup_workers=int(getattr(built, "backup_workers", 0)),
-        placement=placement_kind,
-        transport=published.NCCL_TCP if getattr(built, "communication_hint", None) == "nccl" else None,
-    )
+    settings = {}
+    for knob in type(built).knobs:
+        if knob in _KNOBS:
+            field, convert = _KNOBS[knob]
+            settings[field] = convert(getattr(built, knob))
+    return cost.Strategy(kind=kind, placement=placement_kind, **settings)
+
+
+# Strategy knob -> (cost.Strategy field, the knob's value as that field wants it).
+_KNOBS = {
+    "overlap": ("overlap", bool),
+    "piece_bytes": ("piece_bytes", lambda b: b),
+    "bucket_bytes": ("bucket_bytes", int),
+    "transfer_dtype": ("transfer_bits", lambda dtype: 16 if dtype is not None and dtype.size == 2 else 32),
+    "backup_workers": ("backup_workers", int),
+    "communication_hint": ("transport", lambda hint: published.NCCL_TCP if hint == "nccl" else None),
+}

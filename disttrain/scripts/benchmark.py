@@ -16,7 +16,7 @@ import os
 import gin
 from absl import flags
 
-from disttrain import cli, scripts
+from disttrain import cli, scripts, strategies
 from disttrain.bench import report as report_lib
 from disttrain.bench import runner
 
@@ -31,7 +31,7 @@ flags.DEFINE_list(
     "tf2_pss, tf2_pss_minsize (ParameterServerStrategy, async PS), tf2_mwms (MultiWorkerMirrored, ring).",
 )
 flags.DEFINE_enum(
-    "strategy", None, ["async_ps", "sync_ps", "allreduce"], "disttrain's strategy (default: the config's)."
+    "strategy", None, list(strategies.by_kind()), "disttrain's strategy (default: the config's)."
 )
 flags.DEFINE_enum("network", "localhost", ["localhost", "emulated"], "Loopback, or emulated hosts (root).")
 flags.DEFINE_float("link_mbit", None, "Emulated link rate per direction, Mbit/s.")

@@ -79,10 +79,9 @@ def load_config(gin_files, gin_params):
 
 def config_kind(config) -> str:
     """The strategy the gin config trains with, as the cost model names it."""
-    for kind in runner.STRATEGIES.values():
-        cls = getattr(strategies, kind.class_name, None)
-        if cls is not None and isinstance(config.strategy, type) and issubclass(config.strategy, cls):
-            return kind.name
+    for kind, cls in strategies.by_kind().items():
+        if isinstance(config.strategy, type) and issubclass(config.strategy, cls):
+            return kind
     raise ConfigError(f"the config's strategy {config.strategy!r} is unknown here: pass --strategy")
 
 

@@ -222,11 +222,14 @@ class SyncAllReduce(Strategy):
 
     One increment of the global step consumes N x batch x towers examples.
     The cluster needs no 'ps' job. Every task's server and session must use
-    `config()` (it names the collective group leader, without which
+    `session_config()` (it names the collective group leader, without which
     collectives hang), and sessions must use `scaffold()`.
     """
 
+    kind = "allreduce"
+    synchronous = True
     uses_ps = False
+    knobs = ("bucket_bytes", "transfer_dtype", "communication_hint")
     recovers_in_process = False
     aggregate_clipped_at = "the all-reduced mean, on every replica"
     # Each weight gradient as soon as it is computed (TF's gating would hold a layer's weight
@@ -404,8 +407,8 @@ class SyncAllReduce(Strategy):
             return []
         return [f"/job:{job}/task:{index}" for job, index in self.cluster.replica_jobs]
 
-    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> v1.ConfigProto:
-        config = super().config(intra_op_threads, inter_op_threads)
+    def session_config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> v1.ConfigProto:
+        config = super().session_config(intra_op_threads, inter_op_threads)
         if not self.cluster.is_local:
             config.experimental.collective_group_leader = self.leader
         if self.use_gpus and self.communication_hint == "nccl":

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.ps import PsStrategy
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -22,7 +22,7 @@ _TRANSFER_DTYPES = {None: None, "float16": tf.float16, "bfloat16": tf.bfloat16}
 _GLOBAL_STEP_READ = "global_step_read_op_cache"
 
 
-class AsyncParameterServer(Strategy):
+class AsyncParameterServer(PsStrategy):
     """Variables on PS tasks, balanced by bytes; every replica updates them on its own.
 
     No replica waits for another, so a slow or lost worker never stalls the
@@ -56,7 +56,9 @@ class AsyncParameterServer(Strategy):
       Only `get_variable` variables can be cut (Keras layers' stay whole).
     """
 
-    uses_ps = True
+    kind = "async_ps"
+    synchronous = False
+    knobs = ("overlap", "transfer_dtype", "piece_bytes")
 
     def __init__(
         self,
@@ -67,10 +69,7 @@ class AsyncParameterServer(Strategy):
         transfer_dtype: str | None = None,
         piece_bytes: int | None = None,
     ):
-        super().__init__(cluster, num_towers, max_imbalance)
-        if piece_bytes is not None and piece_bytes < 1:
-            raise ConfigError(f"AsyncParameterServer.piece_bytes must be >= 1 (or None), got {piece_bytes}")
-        self.piece_bytes = piece_bytes
+        super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
         if transfer_dtype not in _TRANSFER_DTYPES:
             raise ConfigError(f"transfer_dtype={transfer_dtype!r}: expected None, 'float16' or 'bfloat16'")
         if transfer_dtype and not overlap:

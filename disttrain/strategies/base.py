@@ -11,7 +11,8 @@ once per tower (one per GPU, or per virtual CPU device); a plain loss tensor
 works too when there is one tower. Placement over the PS tasks is planned
 from `loss_fn` itself (see `minimize`). Subclasses decide how gradients reach
 the variables (`apply_gradients`) and which hooks and server settings that
-needs.
+needs; `Strategy`'s docstring lists what a subclass declares and overrides,
+and docs/writing-a-strategy.md walks through a whole one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import abc
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -28,7 +29,7 @@ from disttrain import input_context, placement, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import sparse, waves
+from disttrain.strategies import sparse
 
 v1 = tf.compat.v1
 NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
@@ -97,12 +98,54 @@ def visible_gpus() -> int:
 
 
 class Strategy(abc.ABC):
-    """Base class. Subclasses set `uses_ps` and implement `apply_gradients`."""
+    """The base of every replica strategy: how the gradients of many replicas reach the variables.
 
-    uses_ps = True
-    # Variables larger than this many bytes are cut into pieces of their own on the PS (None: only
-    # as balance needs); set by the PS strategies that pipeline transfers piece by piece.
-    piece_bytes: int | None = None
+    A subclass declares, as class attributes (read from the class by the
+    benchmark, the planner and gin, with nothing built):
+
+    - `kind`: what it does as the cost model and `--strategy` name it
+      (`async_ps`, `sync_ps` or `allreduce`);
+    - `synchronous`: one increment of the global step is every replica's
+      step (True), or one replica's (False);
+    - `uses_ps`: its variables live on 'ps' tasks (the cluster must have some);
+    - `knobs`: the constructor arguments that change what crosses the network,
+      which the planner reads back from a built strategy;
+    - `baseline`: a layout to compare against (the benchmark's systems), not a
+      `--strategy` choice;
+    - optionally `recovers_in_process`, `gate_gradients`, `aggregate_clipped_at`
+      (see their comments below).
+
+    It must override `apply_gradients(optimizer, grads_and_vars, global_step)`,
+    which returns the train op. It may override, with these signatures:
+
+    - `compute_gradients(optimizer, loss, read=None)`: this task's gradients
+      (call the base's; `read` says how a tower reads a variable);
+    - `scope()`, `plan_placement(build_fn)`, `plan_from(specs)`,
+      `variable_devices`, `place_remaining(global_step)`: where variables go;
+    - `examples_per_step(batch_size)`: examples one global step consumes;
+    - `hooks()`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
+    - `device_filters()`, `session_config(intra_op_threads, inter_op_threads)`:
+      what its servers and sessions need.
+
+    A subclass calls `clip_aggregate(grads_and_vars)` where it holds the
+    aggregate gradient (and names that place in `aggregate_clipped_at`).
+    `minimize(optimizer, loss, global_step, check_numerics, batch_size, clip=)`,
+    `input_context()` and `describe()` are the base's and not overridden:
+    minimize plans, builds the towers, deduplicates sparse gradients, places
+    the rest, checks numerics and clips per replica before `apply_gradients`.
+    Strategies with variables on PS tasks derive from `PsStrategy`, which owns
+    the plan, the pieces and their placement.
+    """
+
+    kind: str = ""  # set by every concrete strategy
+    synchronous: bool = False
+    uses_ps = False
+    knobs: tuple[str, ...] = ()
+    baseline = False
+    # The plan of variables over PS tasks (PsStrategy makes one; None: no plan) and the
+    # variables placed whole because they were too large for a fair share.
+    plan: placement.Plan | None = None
+    placed_whole: Sequence[placement.Unsplit] = ()
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
@@ -127,10 +170,10 @@ class Strategy(abc.ABC):
         self.max_imbalance = max_imbalance
         if self.uses_ps and not cluster.is_local and cluster.num_ps == 0:
             raise ConfigError(f"{type(self).__name__} needs at least one 'ps' task in the cluster")
-        self.plan: placement.Plan | None = None
-        # Embedding tables by name, known from the same scratch build as the plan (None: not known).
+        # Embedding tables by name, known from the same scratch build as the plan (None: not known):
+        # towers never copy them, each looks its rows up where the table is.
         self.tables: frozenset[str] | None = None
-        self.placed_whole: list[placement.Unsplit] = []  # variables too large to place whole fairly
+        # A callable op -> device with `tower(device)` (a context) and `plan` (set by minimize).
         self.setter: placement.DeviceSetter | None = None
         self.loss: tf.Tensor | None = None  # mean loss over towers, set by minimize()
         # What a step fetches as the global step, where reading the variable itself would cost
@@ -153,14 +196,13 @@ class Strategy(abc.ABC):
 
     @property
     def variable_devices(self) -> list[str]:
-        if self.uses_ps and self.cluster.num_ps:
-            return list(self.cluster.ps_devices)
+        """Where `scope()` puts variables: this task's first compute device (PsStrategy: its PS)."""
         return [self.compute_devices[0]]
 
     # ---- placement ----------------------------------------------------
 
     def plan_placement(self, build_fn: Callable[[], object]) -> placement.Plan | None:
-        """Balance the variables `build_fn` creates over the PS tasks by bytes.
+        """Plan placement from the variables `build_fn` creates (PsStrategy: balance them by bytes).
 
         Builds `build_fn()` in a scratch graph to read variable shapes, so call
         it with the same variable names the real model will use. Without a plan
@@ -255,13 +297,9 @@ class Strategy(abc.ABC):
         """Gradients of the mean loss over this task's towers, averaged on the host.
 
         `read` (see _build_towers) needs a loss function, even with one tower.
-        With piece_bytes and PS tasks, the default read brings the variables
-        over in waves, in the order the model asks for them (see `waves`).
         Gathers from whole reads of a variable (Keras' Embedding) are moved
         onto the variable before any gradient is taken (`sparse.gather_on_tables`).
         """
-        if read is None and callable(loss) and self.piece_bytes and self.uses_ps and self.cluster.num_ps:
-            read = self._ordered_read()
         if not callable(loss):
             if self.num_towers > 1 or read is not None:
                 raise ConfigError(
@@ -300,20 +338,6 @@ class Strategy(abc.ABC):
                 else:
                     averaged.append((tf.add_n([tf.convert_to_tensor(g) for g in grads]) / len(grads), var))
         return averaged
-
-    def _ordered_read(self) -> Callable:
-        """A `read` for _build_towers: each variable crosses once the one two waves before it has."""
-        order = waves.Waves(self.piece_bytes)
-
-        def read(var):
-            gate = order.gate(waves.static_bytes(var))
-            with tf.device(var.device), tf.control_dependencies(gate):
-                value = var.read_value()
-            arrived = tf.identity(value)
-            order.arrived([arrived.op])
-            return arrived
-
-        return read
 
     def minimize(
         self,
@@ -368,8 +392,7 @@ class Strategy(abc.ABC):
                 self.plan = self.plan_from(placement.collect_get_variables(loss))
             except placement.NotReplayable:
                 pass  # placed whole after the build
-            if isinstance(self.setter, placement.DeviceSetter):
-                self.setter.plan = self.plan
+            self.setter.plan = self.plan
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
         graph = v1.get_default_graph()
@@ -387,7 +410,7 @@ class Strategy(abc.ABC):
             ]
         # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
         # variable (accumulators, transfer casts) are made where the variable already is.
-        self._place_unplanned(exclude=global_step)
+        self.place_remaining(global_step)
         if check_numerics:
             grads_and_vars = [
                 (_checked(g, f"{NON_FINITE} gradient of {v.op.name}"), v) for g, v in grads_and_vars
@@ -403,26 +426,13 @@ class Strategy(abc.ABC):
             return self.apply_gradients(optimizer, grads_and_vars, global_step)
 
     def plan_from(self, specs) -> placement.Plan | None:
-        """The plan for these variable specs (None when there is nothing to balance); notes the tables."""
+        """The plan for these variable specs (here: none); notes which are embedding tables."""
         self.tables = frozenset(s.name for s in specs if s.table)
-        if not (self.uses_ps and self.cluster.num_ps):
-            return None
-        return placement.make_plan(specs, self.cluster.num_ps, self.max_imbalance, self.piece_bytes)
+        return None
 
-    def _place_unplanned(self, exclude) -> None:
-        """Balance the model variables no plan placed: whole, by bytes, onto the PS tasks."""
-        if not (self.uses_ps and self.cluster.num_ps and isinstance(self.setter, placement.DeviceSetter)):
-            return
-        outside = [
-            part.op
-            for var in v1.global_variables()
-            for part in placement.variable_parts(var)
-            if not tf.DeviceSpec.from_string(part.op.device).job  # made before scope(): no PS yet
-        ]
-        ops = [op for op in dict.fromkeys(self.setter.unplanned + outside) if op is not exclude.op]
-        loads = self.plan.loads if self.plan is not None else ()
-        if ops:
-            _, self.placed_whole = placement.place_whole(ops, self.cluster.num_ps, loads)
+    def place_remaining(self, global_step) -> None:
+        """Place the variables no plan placed, before `apply_gradients` (here: nothing to do)."""
+        del global_step  # variables stay where scope() put them
 
     @abc.abstractmethod
     def apply_gradients(self, optimizer, grads_and_vars, global_step) -> tf.Operation:
@@ -484,7 +494,9 @@ class Strategy(abc.ABC):
             return []
         return ["/job:ps", self.cluster.task_name]
 
-    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.compat.v1.ConfigProto:
+    def session_config(
+        self, intra_op_threads: int = 0, inter_op_threads: int = 0
+    ) -> tf.compat.v1.ConfigProto:
         """ConfigProto for this task's server and sessions."""
         config = v1.ConfigProto(
             allow_soft_placement=True,
@@ -497,3 +509,7 @@ class Strategy(abc.ABC):
         if self.use_gpus:
             config.gpu_options.allow_growth = True
         return config
+
+    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.compat.v1.ConfigProto:
+        """Deprecated: `session_config()` (kept while launch.py still calls it)."""
+        return self.session_config(intra_op_threads, inter_op_threads)

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.ps import PsStrategy
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -46,7 +46,7 @@ _DONE_QUEUE = "disttrain_sync_done"
 _TOKEN_QUEUE = "disttrain_sync_token"
 
 
-class SyncParameterServer(Strategy):
+class SyncParameterServer(PsStrategy):
     """Variables on PS tasks (balanced by bytes); one synchronous update per step.
 
     backup_workers: b. A step closes when the first N-b of the N replicas
@@ -67,7 +67,9 @@ class SyncParameterServer(Strategy):
     With a single replica (or no cluster) gradients are applied directly.
     """
 
-    uses_ps = True
+    kind = "sync_ps"
+    synchronous = True
+    knobs = ("backup_workers", "piece_bytes")
     aggregate_clipped_at = "the accumulators' mean, each variable's part on its PS"
 
     def __init__(
@@ -80,10 +82,7 @@ class SyncParameterServer(Strategy):
         delay_replicas: tuple[int, ...] = (),
         piece_bytes: int | None = None,
     ):
-        super().__init__(cluster, num_towers, max_imbalance)
-        if piece_bytes is not None and piece_bytes < 1:
-            raise ConfigError(f"SyncParameterServer.piece_bytes must be >= 1 (or None), got {piece_bytes}")
-        self.piece_bytes = piece_bytes
+        super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
         n = cluster.num_replicas
         if not 0 <= backup_workers < n:
             raise ConfigError(
@@ -109,7 +108,7 @@ class SyncParameterServer(Strategy):
     def examples_per_step(self, batch_size: int) -> int:
         return self.replicas_to_aggregate * batch_size * self.num_towers
 
-    def compute_gradients(self, optimizer, loss):
+    def compute_gradients(self, optimizer, loss, read=None):
         """As the base, but every variable read of this step comes after reading the global step.
 
         A gradient tagged with step t then never comes from parameters older
@@ -118,12 +117,12 @@ class SyncParameterServer(Strategy):
         step early, which only matters with backup workers.)
         """
         if not self.aggregates:
-            return super().compute_gradients(optimizer, loss)
+            return super().compute_gradients(optimizer, loss, read)
         global_step = v1.train.get_or_create_global_step()
         with tf.name_scope("sync_step"):
             self._step = tf.identity(global_step.read_value(), name="local_step")
         with tf.control_dependencies([self._step]):
-            return super().compute_gradients(optimizer, loss)
+            return super().compute_gradients(optimizer, loss, read)
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.aggregates:

@@ -13,9 +13,9 @@ import tensorflow as tf
 
 from disttrain import configurables, launch, placement
 from disttrain.bench import runner
-from disttrain.bench.tf_default import TFDefault
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
+from disttrain.strategies import TFDefault
 from tests import REPO
 
 DLRM = os.path.join(REPO, "gin", "bench", "dlrm.gin")

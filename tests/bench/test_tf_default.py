@@ -1,4 +1,4 @@
-"""TF's default layout (bench.tf_default) on built graphs, no servers: each variable's `.device`.
+"""TF's default layout (strategies.tf_default) on built graphs, no servers: each variable's `.device`.
 
 A TF user splits a big embedding table with `fixed_size_partitioner(num_ps)` and lets
 `replica_device_setter` deal every variable, the table's parts included, round robin by count.
@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from disttrain import placement
-from disttrain.bench.tf_default import TFDefault
 from disttrain.cluster import Cluster
+from disttrain.strategies import TFDefault
 
 v1 = tf.compat.v1
 

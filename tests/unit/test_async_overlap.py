@@ -220,7 +220,7 @@ def test_a_variable_in_pieces_trains_exactly_as_whole(overlap):
             with strategy.scope():
                 train_op = strategy.minimize(v1.train.AdamOptimizer(0.01), loss_fn)
             parts = [v for v in v1.trainable_variables() if v.op.name.split("/")[0] == "w"]
-            with v1.Session(worker.target, config=strategy.config()) as session:
+            with v1.Session(worker.target, config=strategy.session_config()) as session:
                 session.run(v1.global_variables_initializer())
                 session.run(v1.local_variables_initializer())
                 for _ in range(3):

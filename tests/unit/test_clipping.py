@@ -24,7 +24,7 @@ def train(strategy, clip: Clip) -> dict[str, np.ndarray]:
     with tf.Graph().as_default():
         with strategy.scope():
             train_op = strategy.minimize(v1.train.GradientDescentOptimizer(LR), loss_fn, clip=clip)
-        with v1.Session(config=strategy.config()) as session:
+        with v1.Session(config=strategy.session_config()) as session:
             session.run(v1.global_variables_initializer())
             session.run(v1.local_variables_initializer())
             for _ in range(STEPS):

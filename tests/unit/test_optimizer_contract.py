@@ -63,7 +63,7 @@ def train(strategy, optimizer_cls) -> dict[str, np.ndarray]:
         with strategy.scope():
             train_op = strategy.minimize(optimizer_cls(LR), loss_fn)
         overlap = getattr(strategy, "overlap", False)
-        with v1.Session(config=strategy.config()) as session:
+        with v1.Session(config=strategy.session_config()) as session:
             session.run(v1.global_variables_initializer())
             session.run(v1.local_variables_initializer())
             for _ in range(STEPS):

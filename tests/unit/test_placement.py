@@ -158,7 +158,7 @@ def test_gpu_worker_puts_compute_on_gpu_and_input_on_cpu(monkeypatch):
     assert kinds["MatMul"] >= {"/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"}
     assert kinds["IteratorGetNext"] == {"/job:worker/task:1/device:CPU:0"}
     assert all(d.startswith("/job:ps/") for d in kinds["VarHandleOp"])
-    config = strategy.config()
+    config = strategy.session_config()
     assert list(config.device_filters) == ["/job:ps", "/job:worker/task:1"]
     assert config.gpu_options.allow_growth
 
@@ -173,4 +173,4 @@ def test_towers_read_each_variable_once_per_host():
     assert len(reads) == len(
         [op for op in variable_ops(g) if "/Adam" not in op.name and op.name != "global_step"]
     )
-    assert strategy.config().device_count["CPU"] == 2
+    assert strategy.session_config().device_count["CPU"] == 2

@@ -121,7 +121,7 @@ def _train(strategy) -> dict[str, np.ndarray]:
     with tf.Graph().as_default():
         with strategy.scope():
             train_op = strategy.minimize(v1.train.GradientDescentOptimizer(SCHEDULE), loss_fn)
-        with v1.Session(config=strategy.config()) as session:
+        with v1.Session(config=strategy.session_config()) as session:
             session.run(v1.global_variables_initializer())
             session.run(v1.local_variables_initializer())  # overlap's copies start from the variables
             for _ in range(STEPS):
@@ -168,5 +168,5 @@ def test_minimize_told_the_batch_resolves_linear_scaling_from_the_strategy():
         with strategy.scope():
             optimizer = v1.train.GradientDescentOptimizer(schedule)
             strategy.minimize(optimizer, loss_fn, batch_size=4)
-        with v1.Session(config=strategy.config()) as session:
+        with v1.Session(config=strategy.session_config()) as session:
             assert session.run(optimizer._learning_rate_tensor) == pytest.approx(0.1)

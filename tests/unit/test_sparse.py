@@ -410,7 +410,7 @@ def trained(make, model, target, steps=3) -> tuple[list, np.ndarray, np.ndarray]
         w = next(v for v in v1.trainable_variables() if v.shape == (DIM, 1))
         init, scaffold = v1.global_variables_initializer(), strategy.scaffold()
         scaffold.finalize()
-        with v1.Session(target if strategy.uses_ps else "", config=strategy.config()) as session:
+        with v1.Session(target if strategy.uses_ps else "", config=strategy.session_config()) as session:
             session.run([init, scaffold.local_init_op])
             losses = []
             for _ in range(steps):

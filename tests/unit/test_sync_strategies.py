@@ -160,11 +160,11 @@ def test_all_reduce_variables_live_on_the_replica_and_keys_match_across_replicas
 
 def test_all_reduce_server_config_names_the_leader_and_every_replica():
     strategy = SyncAllReduce(chief_cluster("worker", 1))
-    config = strategy.config()
+    config = strategy.session_config()
     assert config.experimental.collective_group_leader == "/job:chief/replica:0/task:0"
     assert list(config.device_filters) == ["/job:chief/task:0", "/job:worker/task:0", "/job:worker/task:1"]
     no_chief = SyncAllReduce(ps_cluster(task=1, num_ps=0))
-    assert no_chief.config().experimental.collective_group_leader == "/job:worker/replica:0/task:0"
+    assert no_chief.session_config().experimental.collective_group_leader == "/job:worker/replica:0/task:0"
     assert strategy.examples_per_step(8) == 3 * 8
     assert not SyncAllReduce.uses_ps
 
@@ -274,7 +274,7 @@ def test_all_reduce_towers_on_virtual_cpus_reduce_once_per_bucket():
     matmuls = {op.device for op in ops_of(graph, "MatMul") if op.name.startswith("tower_")}
     assert matmuls == {"/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1"}
     assert len(ops_of(graph, "CollectiveReduceV2")) == 1  # towers are averaged first, on the host
-    assert strategy.config().device_count["CPU"] == 2
+    assert strategy.session_config().device_count["CPU"] == 2
     assert strategy.examples_per_step(8) == 3 * 8 * 2
 
 
@@ -286,7 +286,7 @@ def run_local(strategy, steps=3, batch=4):
         scaffold = strategy.scaffold()
         scaffold.finalize()
         variables = v1.trainable_variables()
-    with v1.Session(graph=graph, config=strategy.config()) as session:
+    with v1.Session(graph=graph, config=strategy.session_config()) as session:
         session.run(init)
         session.run(scaffold.local_init_op)
         for _ in range(steps):

@@ -1,4 +1,4 @@
-"""TensorFlow's default between-graph layout, as a Strategy, for side-by-side benchmarks.
+"""TensorFlow's default between-graph layout, as a Strategy: the benchmark's baseline.
 
 What a TF 1.x tutorial does: `tf.device(tf.train.replica_device_setter(...))`
 around the model, variables dealt round robin to the PS tasks by count (not
@@ -8,7 +8,9 @@ by bytes), asynchronous updates with the plain optimizer. An embedding table
 have users do for big tables, so its num_ps parts of contiguous rows are dealt
 round robin like any variable. None of disttrain's placement applies: no
 plan, no partitioning by bytes, no greedy balancing, dense variables never
-split. Registered for gin as `@TFDefault`; only the benchmark uses it.
+split. Registered for gin as `@TFDefault`; the benchmark runs it as its
+`tf_default` system. It is also the smallest complete strategy, which
+docs/writing-a-strategy.md walks through.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ v1 = tf.compat.v1
 class _RoundRobin:
     """TF's replica_device_setter, with the `tower()` hook the base class calls (a no-op:
     replica_device_setter puts every non-variable op on the worker device)."""
+
+    plan = None  # minimize() hands a setter its plan; TF's default has none
 
     def __init__(self, num_ps: int, worker_device: str):
         self._fn: Callable | None = placement.round_robin_setter(num_ps, worker_device) if num_ps else None
@@ -63,18 +67,14 @@ class TFDefault(Strategy):
     nothing.
     """
 
+    kind = "async_ps"  # what it does, as the cost model and the benchmark count it
+    synchronous = False
     uses_ps = True
-
-    def plan_placement(self, build_fn: Callable[[], object]) -> None:
-        """Note which variables are tables; TF's default plans nothing else."""
-        return self.plan_from(placement.collect_variables(build_fn))
-
-    def plan_from(self, specs) -> None:
-        self.tables = frozenset(s.name for s in specs if s.table)  # partitioned as TF users do
-        return None
+    baseline = True  # a system to compare against, not a --strategy choice
 
     @contextlib.contextmanager
     def scope(self):
+        """Variables go round robin by count; the tables `plan_from` noted get TF's partitioner."""
         num_ps = self.cluster.num_ps
         worker_device = self.cluster.task_device or None
         self.setter = _RoundRobin(num_ps, worker_device)
