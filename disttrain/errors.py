@@ -10,7 +10,7 @@ EXIT_OK = 0
 EXIT_CONFIG = 2  # bad flags, TF_CONFIG, gin, port in use: permanent
 EXIT_DIVERGED = 3  # NaN/Inf loss: permanent, the last good checkpoint is kept
 EXIT_STALLED = 4  # steps run but the global step never moves (no update applied): permanent
-EXIT_TRANSIENT = 150  # peer unreachable after the wait, PS lost: retry
+EXIT_TRANSIENT = 150  # peer unreachable after the wait, PS lost, preempted (SIGTERM): retry
 
 
 class DisttrainError(Exception):
@@ -41,3 +41,7 @@ class TransientError(DisttrainError):
     """A fault that a restart of this task may cure (a peer down or not yet up)."""
 
     exit_code = EXIT_TRANSIENT
+
+
+class PreemptedError(TransientError):
+    """The task ended for a preemption (SIGTERM), after the chief checkpointed; a restart resumes."""

@@ -9,10 +9,12 @@ tell each PS that training is over (TF's `server.join()` never returns).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import logging
+import queue
 import re
 import socket
 import threading
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tensorflow as tf
 
-from disttrain import quiet
+from disttrain import preemption, quiet
 from disttrain.cluster import PS, Cluster
 from disttrain.errors import ConfigError, TransientError
 
@@ -30,6 +32,7 @@ v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
 
 _DONE_QUEUE = "disttrain_done"
+_PREEMPT_QUEUE = "disttrain_preempt"
 
 
 # ---- servers and peers ------------------------------------------------------
@@ -311,8 +314,8 @@ def _done_queue(ps_index: int, num_replicas: int):
         )
 
 
-def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0) -> None:
-    """Tell every PS this replica has finished; return within about `timeout_secs` whatever happens.
+def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0, only: str | None = None) -> None:
+    """Tell every PS (`only`: that one) this replica has finished; return within about `timeout_secs`.
 
     A PS that has already exited is not an error (it ends `ps_linger_secs`
     after the chief, whoever has reported), but it must not be contacted:
@@ -326,14 +329,14 @@ def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0) -> No
     if not cluster.num_ps:
         return
     targets = [(f"/job:ps/task:{i}", address) for i, address in enumerate(cluster.jobs[PS])]
-    up = probe(targets)
-    gone = [name for name, _ in targets if not up[name]]
+    up = probe([(name, address) for name, address in targets if only in (None, name)])
+    gone = [name for name, _ in targets if name in up and not up[name]]
     if gone:
         them = "it" if len(gone) == 1 else "them"
         log.info(
             f"{cluster.task_name}: {', '.join(gone)} already gone; not telling {them} this replica is done"
         )
-    live = {i: name for i, (name, _) in enumerate(targets) if up[name]}
+    live = {i: name for i, (name, _) in enumerate(targets) if up.get(name)}
     if not live:
         return
     told: list[str] = []
@@ -365,33 +368,84 @@ def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0) -> No
         )
 
 
-def serve_until_done(cluster: Cluster, target: str, linger_secs: float) -> set[int]:
-    """Run a PS until every replica is done, or `linger_secs` after the chief is.
+def preempt_notice(ps_index: int):
+    """A PS's preemption queue: the PS posts to it on SIGTERM, the replicas read its size."""
+    with tf.device(f"/job:ps/task:{ps_index}"):
+        return v1.FIFOQueue(
+            capacity=16,
+            dtypes=[tf.int32],
+            shapes=[[]],
+            shared_name=f"{_PREEMPT_QUEUE}_{ps_index}",
+            name=f"{_PREEMPT_QUEUE}_{ps_index}",
+        )
+
+
+def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempt_secs: float = 20.0) -> set:
+    """Run a PS until every replica is done, or `linger_secs` after the chief is; or a preemption.
 
     Returns the replica indices that reported. The chief (replica 0) always
     reports last in its own life (after the final checkpoint), so a replica
-    that died and never came back cannot keep the PS alive forever.
+    that died and never came back cannot keep the PS alive forever. Once
+    `preemption.requested()` (SIGTERM), the PS posts to its preemption queue
+    so that the replicas stop and the chief checkpoints, and returns as soon as
+    the chief has reported, or after `preempt_secs` less 3 s.
     """
     with tf.Graph().as_default() as graph:
-        dequeue = _done_queue(cluster.task_index, cluster.num_replicas).dequeue()
+        done = _done_queue(cluster.task_index, cluster.num_replicas)
+        dequeue, close = done.dequeue(), done.close(cancel_pending_enqueues=True)
+        notice = preempt_notice(cluster.task_index).enqueue(1)
         config = v1.ConfigProto(device_filters=[cluster.task_name])
         with v1.Session(target, graph=graph, config=config) as session:
-            reported: set[int] = set()
-            deadline = None
-            while len(reported) < cluster.num_replicas:
-                # Block until the chief reports, then at most until the linger ends: a dequeue
-                # that times out every second would log TF's cancellation lines every second.
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    missing = sorted(set(range(cluster.num_replicas)) - reported)
-                    log.warning("replicas %s never reported done; ending the PS anyway", missing)
-                    break
-                options = None if left is None else v1.RunOptions(timeout_in_ms=max(1, int(left * 1000)))
+            arrivals: queue.Queue[int | None] = queue.Queue()
+
+            def take():
+                # Blocks without a timeout: one that timed out every second would make TF log
+                # its cancellation lines every second. Closing the queue ends it.
                 try:
-                    index = session.run(dequeue, options=options)
-                except tf.errors.DeadlineExceededError:
-                    continue
-                reported.add(int(index))
-                if index == 0 and deadline is None:
-                    deadline = time.monotonic() + linger_secs
+                    while True:
+                        arrivals.put(int(session.run(dequeue)))
+                except tf.errors.OpError:
+                    arrivals.put(None)
+
+            taker = threading.Thread(target=take, name="disttrain-done-queue", daemon=True)
+            taker.start()
+            try:
+                return _count_reports(cluster, session, notice, arrivals, linger_secs, preempt_secs)
+            finally:
+                with contextlib.suppress(tf.errors.OpError):
+                    session.run(close)
+                taker.join(5)
+
+
+def _count_reports(cluster, session, notice, arrivals, linger_secs, preempt_secs) -> set[int]:
+    reported: set[int] = set()
+    deadline = None
+    noticed = False
+    while len(reported) < cluster.num_replicas:
+        now = time.monotonic()
+        if preemption.requested() and not noticed:
+            noticed = True
+            session.run(notice)
+            log.info(f"{cluster.task_name}: told the replicas; waiting for the chief's checkpoint")
+            if 0 in reported:
+                break
+            bound = now + max(1.0, preempt_secs - 3.0)
+            deadline = bound if deadline is None else min(deadline, bound)
+        if deadline is not None and now >= deadline:
+            missing = sorted(set(range(cluster.num_replicas)) - reported)
+            log.warning("replicas %s never reported done; ending the PS anyway", missing)
+            break
+        try:  # a short wait, so that the signal handler runs and the flag is read
+            index = arrivals.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if index is None:
+            break
+        reported.add(index)
+        if index == 0 and noticed:
+            # The chief has checkpointed. Leave now: a replica restarted meanwhile would take
+            # this PS's notice for a new preemption, and the others have been told.
+            break
+        if index == 0 and deadline is None:
+            deadline = time.monotonic() + linger_secs
     return reported

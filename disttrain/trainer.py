@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics
+from disttrain import input_context, metrics, recovery, servers
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
@@ -332,6 +332,11 @@ def monitored_session(
         )
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)
+    notices = []
+    if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
+        notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
+    # Before the saver hook: its end() is the chief's final checkpoint.
+    all_hooks.append(recovery.PreemptionHook(v1.train.get_global_step(), notices, cluster.is_chief))
     if cluster.is_chief:
         if settings.save_checkpoint_steps or settings.save_checkpoint_secs:
             all_hooks.append(
@@ -343,8 +348,15 @@ def monitored_session(
                 )
             )
         usable_checkpoint(logdir)
-        creator = v1.train.ChiefSessionCreator(
-            scaffold=scaffold, master=target, config=session_config, checkpoint_dir=logdir
+        live = bool(notices)  # variables on PS tasks, which may have outlived this chief
+        creator = recovery.ChiefSessionCreator(
+            scaffold,
+            target,
+            session_config,
+            logdir,
+            v1.report_uninitialized_variables(v1.global_variables()) if live else None,
+            v1.train.get_global_step(),
+            adopt=live,
         )
     else:
         creator = _WorkerSessionCreator(scaffold, target, session_config, settings.peer_wait_secs)
