@@ -41,6 +41,12 @@ class RunSettings:
       clipping); clip_where: 'replica' (this replica's gradient, before
       aggregation: every strategy) or 'aggregate' (the averaged gradient the
       update applies: SyncAllReduce, SyncParameterServer). See disttrain.clipping.
+    preempt_secs: on SIGTERM (a preemption), a task ends within this many
+      seconds: replicas stop at a step boundary, the chief checkpoints that
+      step first; keep it below the orchestrator's grace period (Kubernetes:
+      30 s).
+    wait_log_secs: a task waiting for a peer says whom, since when and until
+      when, every this many seconds.
     """
 
     log_every_steps: int = 100
@@ -58,6 +64,8 @@ class RunSettings:
     stall_steps: int | None = None
     clip_norm: float | None = None
     clip_where: str = "replica"
+    preempt_secs: float = 20.0
+    wait_log_secs: float = 10.0
 
     @classmethod
     def of(cls, **settings) -> RunSettings:
@@ -80,6 +88,9 @@ class RunSettings:
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
             raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
         Clip.of(self)  # ConfigError on an impossible clip_norm or clip_where
+        for name in ("preempt_secs", "wait_log_secs"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{where}.{name} must be > 0 seconds, got {getattr(self, name)}")
         return self
 
     @property

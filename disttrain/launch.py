@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import evaluation, input_context, logs, metrics, placement, servers, trainer
+from disttrain import evaluation, input_context, logs, metrics, placement, preemption, servers, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings, TrainConfig
-from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, TransientError
+from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
 from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
 v1 = tf.compat.v1
@@ -84,6 +84,7 @@ def fit(
         settings = RunSettings.of(**settings)
         cluster = Cluster.from_env() if cluster is None else cluster
         logs.to_console()
+        preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
         if cluster.task_type == PS:
             serve(cluster, settings)
@@ -136,6 +137,7 @@ def session(
     with errors_to_exit(cluster):
         settings = settings or RunSettings.of(**more_settings)
         logs.to_console()
+        preemption.install(settings.preempt_secs)
         if cluster.task_type == PS:
             serve(cluster, settings)
             sys.exit(0)
@@ -153,8 +155,15 @@ def session(
             on_reconnect,
         ) as monitored:
             yield monitored
-        if not cluster.is_local:
-            servers.signal_done(cluster, target)
+        # Preempted, a replica is not done: a PS that counted it would leave. Only a PS that is
+        # being preempted itself is told, so that it leaves once the chief has checkpointed.
+        if not cluster.is_local and (preemption.peer() or not preemption.requested()):
+            servers.signal_done(cluster, target, only=preemption.peer())
+        if preemption.requested():
+            raise PreemptedError(
+                f"{cluster.task_name} preempted ({preemption.reason()}): stopped at global step "
+                f"{monitored.result.global_step}; exiting to be restarted"
+            )
 
 
 def make_strategy(strategy, cluster: Cluster) -> Strategy:
@@ -215,7 +224,11 @@ def serve(cluster: Cluster, settings: RunSettings) -> None:
         cluster, v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads)
     )
     log.info(f"{cluster.task_name} serving at {cluster.address}")
-    reported = servers.serve_until_done(cluster, server.target, settings.ps_linger_secs)
+    linger, grace = settings.ps_linger_secs, settings.preempt_secs
+    reported = servers.serve_until_done(cluster, server.target, linger, grace)
+    if preemption.requested():
+        chief = "the chief checkpointed first" if 0 in reported else "the chief did not report a checkpoint"
+        raise PreemptedError(f"{cluster.task_name} preempted ({preemption.reason()}): {chief}; exiting")
     log.info(f"{cluster.task_name} done: {len(reported)}/{cluster.num_replicas} replicas reported; exiting")
 
 
@@ -228,7 +241,7 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
     server = servers.start_server(cluster, session_config)
     target = server.target
     others = servers.peers(cluster, strategy.device_filters())
-    servers.wait_for_peers(others, settings.peer_wait_secs)
+    servers.wait_for_peers(others, settings.peer_wait_secs, say_every_secs=settings.wait_log_secs)
     servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), settings.peer_wait_secs)
 
     def on_reconnect(tf_texts: list[str]):
@@ -239,7 +252,7 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
                 "cannot recover in-process: exiting to restart from the last checkpoint"
             )
         log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
-        servers.wait_for_peers(others, settings.peer_wait_secs)
+        servers.wait_for_peers(others, settings.peer_wait_secs, say_every_secs=settings.wait_log_secs)
         latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
         log.info(f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}")
 
@@ -387,6 +400,7 @@ def run(
 ) -> int:
     """The whole life of one task; returns its exit code (errors raise DisttrainError)."""
     config.validate()
+    preemption.install(config.preempt_secs)
     set_process_threads(config.intra_op_threads, config.inter_op_threads)
     return ROLES[cluster.task_type](cluster, config, logdir, on_built)
 
