@@ -87,23 +87,32 @@ def wait_for_peers(
     targets: list[tuple[str, str]],
     timeout_secs: float,
     poll_secs: float = 0.25,
+    say_every_secs: float = 10.0,
 ) -> None:
     """Block until every peer accepts TCP connections; name the first that never did.
 
-    Logs once about each peer that is not up on first try.
+    Says whom it waits for, since when and how long before it gives up: on
+    the first miss, then every `say_every_secs`.
     """
-    deadline = time.monotonic() + timeout_secs
+    start = time.monotonic()
+    since = time.strftime("%H:%M:%S")
+    deadline = start + timeout_secs
     pending = list(targets)
-    reported = set()
+    said = None
     while pending:
         name, address = pending[0]
         if _accepts(address):
             pending.pop(0)
             continue
-        if name not in reported:
-            reported.add(name)
-            log.info("waiting for %s at %s: not reachable", name, address)
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if said is None or now - said >= say_every_secs:
+            said = now
+            log.info(
+                f"waiting for {name} at {address}: not reachable, waiting since {since} "
+                f"({now - start:.0f} s), giving up in {max(0.0, deadline - now):.0f} s "
+                f"(peer_wait_secs={timeout_secs:.0f})"
+            )
+        if now > deadline:
             raise TransientError(
                 f"{name} at {address} is unreachable after {timeout_secs:.0f} s: is it running, "
                 "and is the address right? (TrainConfig.peer_wait_secs sets the wait)"

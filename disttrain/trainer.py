@@ -13,12 +13,13 @@ import dataclasses
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics, recovery, servers
+from disttrain import input_context, metrics, preemption, recovery, servers
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
@@ -97,11 +98,13 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
     """Waits for the chief to initialise the variables, polling every half second.
 
     TF's WorkerSessionCreator polls every 30 s, so a worker that starts a
-    moment before the chief sits idle for half a minute.
+    moment before the chief sits idle for half a minute. Every
+    `say_every_secs` of waiting it says since when and until when.
     """
 
-    def __init__(self, scaffold, master, config, max_wait_secs):
+    def __init__(self, scaffold, master, config, max_wait_secs, say_every_secs=10.0):
         self._scaffold, self._master, self._config, self._max_wait = scaffold, master, config, max_wait_secs
+        self._say_every = say_every_secs
 
     def create_session(self):
         self._scaffold.finalize()
@@ -113,9 +116,22 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
             graph=v1.get_default_graph(),
             recovery_wait_secs=0.5,
         )
-        try:
-            return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait)
-        except tf.errors.DeadlineExceededError:
+        start, since = time.monotonic(), time.strftime("%H:%M:%S")
+        deadline = start + self._max_wait
+        while True:  # in rounds, to say whom it waits for while it waits
+            left = deadline - time.monotonic()
+            try:
+                return manager.wait_for_session(
+                    self._master, config=self._config, max_wait_secs=max(0.5, min(self._say_every, left))
+                )
+            except tf.errors.DeadlineExceededError:
+                left = deadline - time.monotonic()
+                if left > 0:
+                    log.info(
+                        f"waiting for the chief to initialise the variables: since {since} "
+                        f"({time.monotonic() - start:.0f} s), giving up in {left:.0f} s"
+                    )
+                    continue
             raise TransientError(
                 f"the chief did not initialise the variables within {self._max_wait:.0f} s "
                 "(is the chief running? raise TrainConfig.peer_wait_secs if it is slow to start)"
@@ -127,13 +143,24 @@ class _StopAtStep(v1.train.StopAtStepHook):
 
     TF's checks only after each step, so a run restarted on a finished run's
     log directory trained one step past the end and measured its throughput
-    from that one step.
+    from that one step. `reached` says whether it stopped training.
     """
+
+    def __init__(self, last_step: int):
+        super().__init__(last_step=last_step)
+        self.reached = False
+
+    def after_run(self, run_context, run_values):  # TF's, noting that it stopped training
+        if run_values.results + 1 >= self._last_step:
+            if run_context.session.run(self._global_step_tensor) >= self._last_step:
+                self.reached = True
+                run_context.request_stop()
 
     def after_create_session(self, session, coord):
         super().after_create_session(session, coord)
         step = int(session.run(self._global_step_tensor))
         if step >= self._last_step:
+            self.reached = True
             log.info(
                 f"global step {step} is already at the last step ({self._last_step}): nothing to train "
                 "(the log directory holds a finished run: raise the step count or give a new log directory)"
@@ -311,7 +338,8 @@ def monitored_session(
     )
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
-    all_hooks = [*strategy.hooks(), _StopAtStep(last_step=steps), throughput, *hooks]
+    stop_at = _StopAtStep(last_step=steps)
+    all_hooks = [*strategy.hooks(), stop_at, throughput, *hooks]
     all_hooks.append(
         input_context.InputPositionHook(
             metrics.task_logdir(logdir, job, index),
@@ -359,7 +387,9 @@ def monitored_session(
             adopt=live,
         )
     else:
-        creator = _WorkerSessionCreator(scaffold, target, session_config, settings.peer_wait_secs)
+        creator = _WorkerSessionCreator(
+            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs
+        )
     tf_logger = tf.get_logger()
     lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
     creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
@@ -371,6 +401,15 @@ def monitored_session(
             session_creator=creator, hooks=all_hooks, stop_grace_period_secs=5
         ) as session:
             yield session
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        # Raised by the close, after the last step: a loop beside the step (the async overlap's
+        # transfer loop, draining the last gradients) lost a PS that left because training is over.
+        if not stop_at.reached or preemption.requested():
+            raise
+        log.info(
+            f"{cluster.task_name}: a PS left while the last gradients were applied "
+            f"({servers.first_error_line([str(e.message)])}); training is over: exiting"
+        )
     except tf.errors.InvalidArgumentError as e:
         if NON_FINITE not in str(e.message):
             raise

@@ -16,6 +16,7 @@ AbortedError came up in these runs.
 # ruff: noqa: E501, E101
 
 import logging
+import re
 import socket
 
 import pytest
@@ -323,3 +324,18 @@ def test_errors_to_exit_without_a_cluster_still_names_what_tf_shows(capsys):
         capsys.readouterr().err.strip()
         == "disttrain: error: lost contact: /job:worker/task:2 is gone or restarted"
     )
+
+
+def test_waiting_for_a_peer_says_whom_since_when_and_until_when(caplog):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    caplog.set_level(logging.INFO, logger="disttrain")
+    with pytest.raises(servers.TransientError, match=r"/job:ps/task:1 at .* is unreachable after 3 s"):
+        servers.wait_for_peers([(PS1, address)], timeout_secs=2.6, poll_secs=0.1, say_every_secs=1.0)
+    said = [r.getMessage() for r in caplog.records if "waiting for /job:ps/task:1" in r.getMessage()]
+    assert len(said) >= 3, said  # at 0, 1 and 2 s: never silent for longer than say_every_secs
+    assert all(re.search(r"waiting since \d\d:\d\d:\d\d \(\d+ s\), giving up in \d+ s", m) for m in said), (
+        said
+    )
+    assert said[0].endswith("giving up in 3 s (peer_wait_secs=3)") and "giving up in 1 s" in said[-1], said
