@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 
+from disttrain import traffic
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import netem
 
@@ -50,7 +51,7 @@ class Result:
 
 
 def link_seconds(method: str, hosts: int, nbytes: int, link_mbit: float) -> float:
-    carried = nbytes if method.startswith("tcp") else bound_lib.ring_host_bytes(hosts, nbytes)
+    carried = nbytes if method.startswith("tcp") else traffic.ring_host_bytes(hosts, nbytes)
     return carried / bound_lib.link_rate_bytes(link_mbit)
 
 

@@ -14,7 +14,7 @@ is C in the bound (bench.bound) and N x its rate is the ideal line.
 `load_config(bindings)` turns gin bindings into a TrainConfig (the script
 parses the gin files; this library never reads gin or flags). It is used to
 read the batch size, the log interval, the model's bytes (D, and R for a model
-with embedding tables, from its input pipeline: see `model_bytes`) and, by
+with embedding tables, from its input pipeline: see `traffic.model_bytes`) and, by
 building the graph as `launch.dry_run` does, how many bytes each PS holds.
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import launch, local, metrics, placement, strategies
+from disttrain import launch, local, metrics, placement, strategies, traffic
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
@@ -45,7 +45,7 @@ v1 = tf.compat.v1
 LOCALHOST, EMULATED = "localhost", "emulated"
 NETWORKS = (LOCALHOST, EMULATED)
 SYSTEMS = ("disttrain", "tf_default", *tf2.PEERS)
-PLACEMENTS = (bound_lib.DEDICATED, bound_lib.COLOCATED)
+PLACEMENTS = (traffic.DEDICATED, traffic.COLOCATED)
 _PORTS = {PS: 2222, WORKER: 2223, CHIEF: 2224}  # emulated hosts: each namespace has its own ports
 
 
@@ -106,7 +106,7 @@ class BenchConfig:
     network: str = LOCALHOST
     link_mbit: float | None = None  # emulated only
     latency_ms: float = 0.0
-    ps_placement: str = bound_lib.DEDICATED
+    ps_placement: str = traffic.DEDICATED
     warmup_steps: int = 20  # per replica
     measure_steps: int = 50  # per replica, at least
     reference: bool = True
@@ -135,63 +135,6 @@ class RunSpec:
     def label(self) -> str:
         ps = f" {self.ps} PS {self.layout}" if self.kind.uses_ps else " all-reduce"
         return f"{self.system} ({self.kind.name}) {self.workers} worker(s){ps}"
-
-
-LOOKUP_BATCHES = 20  # batches over which the rows a step looks up are averaged
-
-
-def model_bytes(config: TrainConfig, batches: int = LOOKUP_BATCHES) -> bound_lib.ModelBytes:
-    """D and R: the trainable bytes a step moves whole, and the tables' rows it looks up.
-
-    A model with embedding tables (variables its graph reads by rows) says
-    which ids a batch looks up in each (`model.lookups(features)`); R is the
-    mean over `batches` of the input pipeline's batches of the distinct ids
-    per table, times the table's row bytes plus the 8-byte index. A table not
-    in `lookups`, and every variable of a model without tables, counts whole
-    in D.
-    """
-    with tf.Graph().as_default() as graph:
-        config.model.build_variables()
-        trainable = {v.op.name for v in v1.trainable_variables()}
-        specs = {s.name: s for s in placement.variable_specs(graph) if s.name in trainable}
-    rows = distinct_rows_per_step(config, batches) if any(s.table for s in specs.values()) else {}
-    unknown = sorted(set(rows) - set(specs))
-    if unknown:
-        known = sorted(name for name, s in specs.items() if s.table)
-        raise BenchError(
-            f"{type(config.model).__name__}.lookups names {unknown[0]!r}, which is not a trainable variable "
-            f"of the model: expected the variable op name of a table, one of {', '.join(known)}"
-        )
-    tables = tuple(
-        bound_lib.Table(name, specs[name].nbytes, specs[name].nbytes // specs[name].shape[0], rows[name])
-        for name in sorted(rows)
-    )
-    dense = sum(s.nbytes for name, s in specs.items() if name not in rows)
-    return bound_lib.ModelBytes(dense=dense, tables=tables)
-
-
-def distinct_rows_per_step(config: TrainConfig, batches: int = LOOKUP_BATCHES) -> dict[str, float]:
-    """Table name -> mean distinct ids one replica's batch looks up, over `batches` batches.
-
-    Runs replica 0's input pipeline in a scratch graph and session; no model
-    variable is built. Empty when `model.lookups` is.
-    """
-    if batches < 1:
-        raise ValueError(f"batches must be >= 1, got {batches}")
-    model = config.model
-    with tf.Graph().as_default():
-        dataset = config.input_fn(model, config.batch_size, 0, 1)
-        features, _ = v1.data.make_one_shot_iterator(dataset).get_next()
-        lookups = model.lookups(features)
-        if not lookups:
-            return {}
-        distinct = {name: tf.size(tf.unique(tf.reshape(ids, [-1])).y) for name, ids in lookups.items()}
-        totals = dict.fromkeys(distinct, 0)
-        with v1.Session() as session:
-            for _ in range(batches):
-                for name, count in session.run(distinct).items():
-                    totals[name] += int(count)
-    return {name: total / batches for name, total in totals.items()}
 
 
 def ps_loads(config: TrainConfig, num_ps: int) -> list[int]:
@@ -282,7 +225,7 @@ class Benchmark:
         for system in c.systems:
             kind = self._kind(system)
             for ps in c.ps if kind.uses_ps else (0,):
-                layout = c.ps_placement if kind.uses_ps else bound_lib.RING
+                layout = c.ps_placement if kind.uses_ps else traffic.RING
                 for n in c.workers:
                     specs.append(RunSpec(system, kind, n, ps, layout))
         return specs
@@ -362,7 +305,7 @@ class Benchmark:
         host = {(WORKER, i): i for i in range(n)}
         if spec.peer is not None and spec.peer.uses_ps:
             host[(CHIEF, 0)] = 0  # TF 2's coordinator: control traffic only, beside worker 0
-        if spec.layout == bound_lib.DEDICATED:
+        if spec.layout == traffic.DEDICATED:
             host.update({(PS, j): n + j for j in range(p)})
             return n + p, host
         host.update({(PS, j): j for j in range(p)})  # colocated: PS j on worker j's host
@@ -435,7 +378,7 @@ class Benchmark:
         specs = self._specs_cache = self._specs()
         base = c.load_config(self._bindings())
         every_n, batch = base.log_every_steps, base.batch_size
-        sizes = model_bytes(base)
+        sizes = traffic.model_bytes(base)
         self._model = {"every_n": every_n, "batch": batch, "bytes": sizes}
         report = {
             "config": {
@@ -521,7 +464,7 @@ class Benchmark:
         """One run of `spec`: the Measurement and host roles, or its error or why it was skipped."""
         c, n = self.config, len(self._specs_cache)
         where = f"[{k + 1}/{n}]" + (f" #{rep + 1}" if c.repeats > 1 else "")
-        if spec.layout == bound_lib.COLOCATED and spec.ps > spec.workers:
+        if spec.layout == traffic.COLOCATED and spec.ps > spec.workers:
             why = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
             self.log(f"{self._elapsed()} {where} {spec.label}: skipped, {why}")
             return {"skipped": why}
@@ -573,7 +516,7 @@ class Benchmark:
             row["skipped"] = best["skipped"]
             return row
         per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
-        loads_per_round = bound_lib.link_loads(spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse)
+        loads_per_round = traffic.link_loads(spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse)
         row["expected_busiest_link_bytes_per_step"] = (
             max(x.bytes_per_round for x in loads_per_round) / per_round
         )
@@ -638,7 +581,7 @@ class Benchmark:
         return row
 
 
-def _lookup_fields(sizes: bound_lib.ModelBytes) -> dict:
+def _lookup_fields(sizes: traffic.ModelBytes) -> dict:
     """The report's D and R, when a step looks rows up (nothing for a model without tables)."""
     if not sizes.tables:
         return {}
@@ -660,7 +603,7 @@ def _lookup_fields(sizes: bound_lib.ModelBytes) -> dict:
     }
 
 
-def _lookup_note(sizes: bound_lib.ModelBytes) -> str:
+def _lookup_note(sizes: traffic.ModelBytes) -> str:
     """` (D ... dense, R ... of rows per step ...)` for the progress line; empty without tables."""
     if not sizes.tables:
         return ""

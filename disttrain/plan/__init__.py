@@ -5,7 +5,7 @@
     p = plan.predict(model, shape, plan.Strategy("sync_ps"))
     plan.advice.changes(model, shape, plan.Strategy("sync_ps"))        # ranked by predicted gain
 
-`cost` is the model (pure arithmetic, shared formulas in bench.bound);
+`cost` is the model (pure arithmetic, bytes per link from disttrain.traffic);
 `models` reads a gin experiment's model (TensorFlow, scratch graph);
 `advice` ranks changes; `measured` sets predictions against benchmark
 reports; `published` against published runs; `report` prints and writes JSON.

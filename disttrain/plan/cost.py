@@ -6,7 +6,7 @@ shapes that cannot be measured here:
 
 - bytes per host link per round (one step of every worker), each way, for
   any PS layout (workers and PS tasks on any hosts, unequal PS) or a ring
-  (`bench.bound.ps_host_bytes`, `bench.bound.ring_host_bytes`, shared with
+  (`traffic.ps_host_bytes`, `traffic.ring_host_bytes`, shared with
   the benchmark's bound);
 - links are full duplex: a round's pushes and pulls of different workers
   share a link's two directions, so the busiest link costs its bytes once;
@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from disttrain import strategies
-from disttrain.bench import bound as bound_lib
+from disttrain import traffic as traffic_lib
 from disttrain.errors import ConfigError
 
 # The strategy kinds this model has terms for, named as the classes declare them (Strategy.kind).
@@ -55,7 +55,7 @@ ALLREDUCE = strategies.SyncAllReduce.kind
 STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE)
 DISTTRAIN, ROUND_ROBIN = "disttrain", "round_robin"
 PLACEMENTS = (DISTTRAIN, ROUND_ROBIN)
-COLOCATED, DEDICATED = bound_lib.COLOCATED, bound_lib.DEDICATED
+COLOCATED, DEDICATED = traffic_lib.COLOCATED, traffic_lib.DEDICATED
 PS_HOSTS = (COLOCATED, DEDICATED)
 
 
@@ -468,7 +468,7 @@ def _ps_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants, de
         for j, s in enumerate(per_ps)
     ]
     traffic = Traffic(
-        link=bound_lib.ps_host_bytes(workers_on, ps_host, per_ps),
+        link=traffic_lib.ps_host_bytes(workers_on, ps_host, per_ps),
         local=local,
         remote=remote,
         rows_remote=rows_remote,
@@ -484,7 +484,7 @@ def _ps_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants, de
 def _ring_traffic(shape: Shape, strategy: Strategy, dense: float, rows: float) -> Traffic:
     workers_on, _, _ = _hosts(shape)
     n = shape.workers
-    ring = [bound_lib.ring_host_bytes(n, dense, shape.towers_per_worker * rows) if n > 1 else 0.0] * len(
+    ring = [traffic_lib.ring_host_bytes(n, dense, shape.towers_per_worker * rows) if n > 1 else 0.0] * len(
         workers_on
     )
     buckets = max(1, math.ceil(dense / strategy.bucket_bytes))

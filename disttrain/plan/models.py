@@ -5,7 +5,7 @@ as placement does (`config.model.build_variables`); disttrain's layout is
 `placement.make_plan` on those shapes, TF's is its round robin by count in
 creation order (`tf_default`: embedding tables cut into P parts first). R,
 the rows a step looks up, comes from the benchmark's own measurement
-(`bench.runner.model_bytes`). No training and no server: building even
+(`traffic.model_bytes`). No training and no server: building even
 ResNet-152's variables takes seconds on a CPU.
 """
 
@@ -17,8 +17,7 @@ import time
 
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.bench import runner
+from disttrain import placement, traffic
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
 from disttrain.plan import cost, published
@@ -85,7 +84,7 @@ def model_from_config(config: TrainConfig, step_time: float, name: str | None = 
     """The cost model's view of `config`'s model at its batch size, one GPU step taking `step_time`."""
     specs, trainable = variables(config)
     if any(s.table for s in specs):
-        sizes = runner.model_bytes(config)  # measures R from the input pipeline
+        sizes = traffic.model_bytes(config)  # measures R from the input pipeline
         dense, rows = sizes.dense, sizes.sparse
     else:
         dense, rows = sum(s.nbytes for s in specs if s.name in trainable), 0.0

@@ -11,7 +11,7 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import configurables, launch, placement
+from disttrain import configurables, launch, placement, traffic
 from disttrain.bench import runner
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
@@ -45,7 +45,7 @@ def parsed(files, bindings=()) -> Iterator[TrainConfig]:
 
 def test_rows_a_tiny_dlrm_step_looks_up():
     with parsed([DLRM, TINY]) as config:
-        sizes = runner.model_bytes(config)
+        sizes = traffic.model_bytes(config)
     # Three tables of 100, 50 and 20 rows x 8 float32 (32 bytes a row): 5,440 bytes in all.
     assert [(t.name, t.nbytes, t.row_bytes) for t in sizes.tables] == [
         (f"dlrm/embedding_{c}/table", rows * 32, 32) for c, rows in enumerate((100, 50, 20))

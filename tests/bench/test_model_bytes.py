@@ -1,11 +1,12 @@
-"""D and R of a config (bench.runner.model_bytes): dense bytes whole, table rows as a step looks them up."""
+"""D and R of a config (traffic.model_bytes): dense bytes whole, table rows as a step looks them up."""
 
 import pytest
 import tensorflow as tf
 
-from disttrain.bench import bound, report
-from disttrain.bench.runner import BenchError, model_bytes
+from disttrain.bench import report
 from disttrain.config import TrainConfig
+from disttrain.errors import ConfigError
+from disttrain.traffic import Table, model_bytes
 from model_zoo import inputs
 from model_zoo.base import Model
 from model_zoo.mlp import MLP
@@ -51,7 +52,7 @@ def test_rows_a_step_looks_up():
     # Over 4 batches (5, 1, 5, 1 distinct ids) a step looks up 3 rows on average, each with its
     # 8-byte index: R = 3 x (32 + 8) = 120 bytes; 3 x 32 / 32,000 = 0.3% of the table.
     assert sizes.dense == 64
-    assert sizes.tables == (bound.Table("emb", nbytes=32_000, row_bytes=32, rows_per_step=3.0),)
+    assert sizes.tables == (Table("emb", nbytes=32_000, row_bytes=32, rows_per_step=3.0),)
     assert sizes.sparse == 120
     assert sizes.total == 32_064
     assert sizes.table_fraction_per_step == pytest.approx(0.003)
@@ -59,7 +60,7 @@ def test_rows_a_step_looks_up():
 
 def test_a_lookup_of_no_variable_is_an_error():
     config = TrainConfig(model=TableModel("embedding"), input_fn=table_input, batch_size=2)
-    with pytest.raises(BenchError, match="'embedding'.*one of emb$"):
+    with pytest.raises(ConfigError, match="'embedding'.*one of emb$"):
         model_bytes(config, batches=1)
 
 
