@@ -30,9 +30,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
+from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from disttrain.errors import ConfigError
@@ -56,9 +55,6 @@ class SyncParameterServer(PsStrategy):
       gradients for that step are dropped, so up to b stragglers never slow
       the step. With b=0 a step is exactly the mean gradient of all N
       replicas: the same update as one process with N times the batch.
-    step_delay_secs, delay_replicas: fault injection for tests and demos: the
-      listed replicas sleep this long between computing their gradients and
-      sending them (a straggler). Leave unset in real runs.
     piece_bytes: cut every variable larger than this into pieces, each
       accumulated and updated on its own, and read them in waves in the order
       the model asks for them, as AsyncParameterServer does.
@@ -78,8 +74,6 @@ class SyncParameterServer(PsStrategy):
         backup_workers: int = 0,
         num_towers: int | None = None,
         max_imbalance: float = 0.05,
-        step_delay_secs: float = 0.0,
-        delay_replicas: tuple[int, ...] = (),
         piece_bytes: int | None = None,
     ):
         super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
@@ -91,10 +85,8 @@ class SyncParameterServer(PsStrategy):
             )
         self.backup_workers = backup_workers
         self.replicas_to_aggregate = n - backup_workers
-        self.step_delay_secs = float(step_delay_secs)
-        self.delay_replicas = tuple(delay_replicas)
         self._step = None  # the global step as read at the start of this replica's step
-        self._sync: dict | None = None  # the aggregation graph, built by apply_gradients
+        self._sync: _SyncOps | None = None  # the aggregation graph, built by apply_gradients
 
     @property
     def aggregates(self) -> bool:
@@ -131,23 +123,40 @@ class SyncParameterServer(PsStrategy):
             raise RuntimeError(
                 "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
             )
-        n, step = self.cluster.num_replicas, self._step
         grads_and_vars = [
             (g if sparse.is_sparse(g) else tf.convert_to_tensor(g), v) for g, v in grads_and_vars
         ]
-        if self.step_delay_secs > 0 and self._me in self.delay_replicas:
-            grads_and_vars = _delayed(grads_and_vars, self.step_delay_secs)
+        accumulators, applies = self._accumulate(self._before_sending(grads_and_vars))
+        done, tokens, release, drain = self._report_and_wait(global_step, applies)
+        self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
+        return tf.group(release, name="sync_train_op")
 
-        # One accumulator per variable, on the variable's PS.
+    def _before_sending(self, grads_and_vars):
+        """This replica's gradients as they leave for the accumulators (here: at once).
+
+        Tests override it to make a straggler (tests/cluster/straggler.py).
+        """
+        return grads_and_vars
+
+    def _accumulate(self, grads_and_vars) -> tuple[list, list]:
+        """One accumulator per variable, on the variable's PS: (accumulator, var) pairs, and the adds."""
         accumulators, applies = [], []
         with tf.name_scope("sync_accumulate"):
             for grad, var in grads_and_vars:
                 with tf.device(var.device):
                     acc = _SparseMean(var) if sparse.is_sparse(grad) else _DenseMean(var, grad.dtype)
-                    applies.append(acc.apply(grad, step))
+                    applies.append(acc.apply(grad, self._step))
                 accumulators.append((acc, var))
+        return accumulators, applies
 
-        # Reports and release tokens live with the global step.
+    def _report_and_wait(self, global_step, applies):
+        """After the adds, report (replica, step), then wait for a release token.
+
+        Reports and tokens live with the global step. Returns the report queue,
+        the token queues, the wait, and the op that drains this replica's
+        leftover tokens.
+        """
+        n = self.cluster.num_replicas
         with tf.device(global_step.device), tf.name_scope("sync_queues"):
             done = v1.FIFOQueue(4 * n, [tf.int32, tf.int64], shapes=[[], []], shared_name=_DONE_QUEUE)
             tokens = [
@@ -155,14 +164,18 @@ class SyncParameterServer(PsStrategy):
                 for r in range(n)
             ]
             with tf.control_dependencies(applies):
-                report = done.enqueue((tf.constant(self._me, tf.int32), step))
+                report = done.enqueue((tf.constant(self._me, tf.int32), self._step))
             with tf.control_dependencies([report]):
                 release = tokens[self._me].dequeue()
             own = tokens[self._me]
             drain = own.dequeue_many(own.size())
+        return done, tokens, release, drain
 
-        # The chief's side, built on every task so that all graphs hold the same
-        # variables (optimizer slots): take the mean gradients, apply one update.
+    def _closing_ops(self, optimizer, global_step, accumulators, done, tokens, drain) -> _SyncOps:
+        """The chief's side: take the mean gradients, apply one update, release.
+
+        Built on every task, so that all graphs hold the same variables (optimizer slots).
+        """
         with tf.name_scope("sync_update"):
             aggregated = []
             for acc, var in accumulators:
@@ -182,7 +195,7 @@ class SyncParameterServer(PsStrategy):
                 # A report from replica -1 wakes the aggregator to stop; its tag says which one.
                 nonce = v1.placeholder(tf.int64, [], name="aggregator_nonce")
                 wake = done.enqueue((tf.constant(-1, tf.int32), nonce))
-        self._sync = dict(
+        return _SyncOps(
             reset=reset,
             step=current,
             report=report,
@@ -193,15 +206,28 @@ class SyncParameterServer(PsStrategy):
             close=close_ops,
             drain=drain,
         )
-        return tf.group(release, name="sync_train_op")
 
     def hooks(self) -> list:
         if not self._sync:
             return []
-        hooks = [_DrainOwnTokens(self._sync["drain"])]
+        hooks = [_DrainOwnTokens(self._sync.drain)]
         if self.cluster.is_chief:
             hooks.append(_Aggregator(self._sync, self.cluster.num_replicas, self.replicas_to_aggregate))
         return hooks
+
+
+class _SyncOps(NamedTuple):
+    """The aggregation graph: what the chief's aggregator runs, and a restarted replica's drain."""
+
+    reset: tf.Operation  # every accumulator's step set to the current global step
+    step: tf.Tensor  # the current global step
+    report: tf.Tensor  # the next (replica, step) report, dequeued
+    nonce: tf.Tensor  # placeholder: the tag of the aggregator a wake-up report is for
+    wake: tf.Operation  # a wake-up report (replica -1) carrying the fed nonce
+    release: list  # per replica: a token with no update (its report was stale)
+    update_and_release: list  # per replica: a token after the one update (fetched together)
+    close: list  # every token queue closed, pending enqueues cancelled
+    drain: tf.Operation  # this replica's leftover tokens, thrown away
 
 
 class _DenseMean:
@@ -262,27 +288,6 @@ class _SparseMean:
         return tf.IndexedSlices(values, tf.boolean_mask(summed.indices, is_row), self._var_shape)
 
 
-def _delayed(grads_and_vars, seconds: float):
-    """The same gradients, available `seconds` after they were computed (a straggler)."""
-
-    def sleep():
-        time.sleep(seconds)
-        return np.int64(0)
-
-    with tf.control_dependencies([g.values if sparse.is_sparse(g) else g for g, _ in grads_and_vars]):
-        done = tf.numpy_function(sleep, [], tf.int64, name="straggler_delay")
-    with tf.control_dependencies([done]):
-        return [
-            (
-                tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
-                if sparse.is_sparse(g)
-                else tf.identity(g),
-                v,
-            )
-            for g, v in grads_and_vars
-        ]
-
-
 class _DrainOwnTokens(v1.train.SessionRunHook):
     """A replica that restarts throws away a release token left from its previous life.
 
@@ -308,7 +313,7 @@ class _Aggregator(v1.train.SessionRunHook):
     straggler) stop at once instead of hanging.
     """
 
-    def __init__(self, ops: dict, num_replicas: int, needed: int):
+    def __init__(self, ops: _SyncOps, num_replicas: int, needed: int):
         self._ops, self._n, self._needed = ops, num_replicas, needed
         self._threads: list[threading.Thread] = []
         self.steps = self.stale = 0
@@ -331,30 +336,30 @@ class _Aggregator(v1.train.SessionRunHook):
     def _watch(self, session, coord, nonce: int):
         coord.wait_for_stop()
         try:
-            feed = {self._ops["nonce"]: nonce}
-            session.run(self._ops["wake"], feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
+            feed = {self._ops.nonce: nonce}
+            session.run(self._ops.wake, feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not stop the sync aggregator: %s", str(e).splitlines()[0])
 
     def _run(self, session, coord, nonce: int):
         ops = self._ops
         try:
-            session.run(ops["reset"])
-            step = int(session.run(ops["step"]))
+            session.run(ops.reset)
+            step = int(session.run(ops.step))
             arrived: set[int] = set()
             while True:
-                replica, tag = (int(x) for x in session.run(ops["report"]))
+                replica, tag = (int(x) for x in session.run(ops.report))
                 if replica < 0:
                     if tag == nonce:
                         break
                     continue  # the wake-up of an earlier aggregator
                 if tag != step:  # its gradients were dropped: let it start again from fresh values
                     self.stale += 1
-                    session.run(ops["release"][replica])
+                    session.run(ops.release[replica])
                     continue
                 arrived.add(replica)
                 if len(arrived) >= self._needed:
-                    session.run([ops["update_and_release"][r] for r in sorted(arrived)])
+                    session.run([ops.update_and_release[r] for r in sorted(arrived)])
                     step += 1
                     self.steps += 1
                     for r in arrived:
@@ -365,7 +370,7 @@ class _Aggregator(v1.train.SessionRunHook):
                 coord.request_stop(e)
         finally:
             try:
-                session.run(ops["close"], options=v1.RunOptions(timeout_in_ms=5000))
+                session.run(ops.close, options=v1.RunOptions(timeout_in_ms=5000))
             except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
                 log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
             log.info(

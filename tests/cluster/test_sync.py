@@ -27,6 +27,7 @@ pytestmark = pytest.mark.cluster
 v1 = tf.compat.v1
 
 SYNC_PS = "gin/mlp_sync.gin"
+STRAGGLER = "tests/cluster/straggler.gin"  # SyncParameterServer whose listed replicas sleep before sending
 ALLREDUCE = "gin/mlp_allreduce.gin"
 START = 5  # the common start is a checkpoint at this step: replicas must resume from it
 STEPS = 10
@@ -147,12 +148,14 @@ def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
     dropped, and once the chief is done the straggler, still waiting, stops.
     """
     params = [
-        "SyncParameterServer.backup_workers = 1",
-        "SyncParameterServer.delay_replicas = (2,)",
-        "SyncParameterServer.step_delay_secs = 0.5",
+        "StragglerSyncParameterServer.backup_workers = 1",
+        "StragglerSyncParameterServer.delay_replicas = (2,)",
+        "StragglerSyncParameterServer.step_delay_secs = 0.5",
         "TrainConfig.train_steps = 100",
     ]
-    cluster, exited = run_timed(tmp_path, [SYNC_PS, TINY], num_ps=1, num_workers=3, gin_params=params)
+    cluster, exited = run_timed(
+        tmp_path, [SYNC_PS, TINY, STRAGGLER], num_ps=1, num_workers=3, gin_params=params
+    )
     r = read_results(cluster.logdir)
     chief, slow = r["worker_0"], r["worker_2"]
     assert chief["global_step"] == 100
