@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from disttrain import tf_internals
 from disttrain.errors import DivergedError
 
 v1 = tf.compat.v1
@@ -307,7 +308,7 @@ class TraceHook(v1.train.SessionRunHook):
         tracing, self._local = self._tracing(), self._local + 1
         if not tracing:
             return
-        from tensorflow.python.client import timeline  # not exported by tf.compat.v1
+        timeline = tf_internals.timeline()
 
         os.makedirs(self._directory, exist_ok=True)
         path = os.path.join(self._directory, f"trace_step_{int(run_values.results)}.json")

@@ -32,8 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
-# Not exported by tf.compat.v1 in TF 2.21, but what get_variable returns when partitioned.
-from tensorflow.python.ops.variables import PartitionedVariable
+from disttrain.tf_internals import PartitionedVariable, set_device
 
 v1 = tf.compat.v1
 
@@ -484,7 +483,7 @@ def place_whole(
         device = next((moved[g] for g in groups if g in moved), None)
         if device is not None:
             own = tf.DeviceSpec.from_string(op.device).replace(job=None, task=None, replica=None).to_string()
-            op._set_device(_merge(device, own))  # noqa: SLF001  no public way to re-place a built op
+            set_device(op, _merge(device, own))
     mean = sum(loads) / num_ps if num_ps else 0
     unsplit = [
         Unsplit(op.name, specs[op].nbytes, int(tf.DeviceSpec.from_string(op.device).task))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 
 import tensorflow as tf
 
+from disttrain import tf_internals
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
 from disttrain.strategies.ps import PsStrategy
@@ -17,9 +17,6 @@ v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
 
 _TRANSFER_DTYPES = {None: None, "float16": tf.float16, "bfloat16": tf.bfloat16}
-# Where tf.compat.v1.train's hooks look up the tensor they fetch as the global step
-# (training_util.GLOBAL_STEP_READ_KEY); filled on first use with a read of the variable.
-_GLOBAL_STEP_READ = "global_step_read_op_cache"
 
 
 class AsyncParameterServer(PsStrategy):
@@ -105,11 +102,54 @@ class AsyncParameterServer(PsStrategy):
         if not self.overlap:
             return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         worker = self.compute_devices[0]
+        queue, step, per_grad = self._queued(grads_and_vars)
+        to_push = []
+        for (grad, var), (values, *indices) in zip(
+            grads_and_vars, self._in_waves(per_grad, grads_and_vars), strict=True
+        ):
+            if sparse.is_sparse(grad):
+                # The shape from the variable: grad.dense_shape may depend on this step's ops.
+                to_push.append((tf.IndexedSlices(values, indices[0], sparse.shape_of(var)), var))
+            else:
+                to_push.append((values, var))
+        graph = v1.get_default_graph()
+        before = len(graph.get_operations())
+        push = optimizer.apply_gradients(to_push, global_step=global_step)
+        updates = _updates_by_variable(graph.get_operations()[before:])
+        queued, applied = self._counts
+        with tf.device(worker), tf.name_scope("pull"):
+            pulls = self._pulls(updates, push)
+            # Hooks fetch this mirror as the global step: a step must not read the variable on
+            # its PS, where that small read waits behind the pull in flight (one TCP stream).
+            mirror = _local_variable(global_step.read_value, "global_step")
+            with tf.control_dependencies([push]):
+                pulls.append(mirror.assign(global_step.read_value(), read_value=False))
+            with tf.control_dependencies(pulls):
+                self.transfer_op = applied.assign_add(1, read_value=False)
+        self.global_step_read = mirror.read_value()
+        tf_internals.set_global_step_read(graph, self.global_step_read)
+        self._loop = _TransferLoop(
+            queue,
+            [self.transfer_op],
+            close_op=queue.close(),
+            cancel_op=queue.close(cancel_pending_enqueues=True),
+            queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
+        )
+        v1.train.add_queue_runner(self._loop)
+        return step
+
+    def _queued(self, grads_and_vars):
+        """Queue this step's gradients on the worker (the step ends there).
+
+        Returns the queue, the op that enqueues and counts (the step's train
+        op) and, per gradient, its tensors as the transfer loop dequeues them.
+        Sets `_counts` (gradients queued, gradients applied).
+        """
         # A sparse gradient travels as its (values, indices); its row count changes every step.
         parts = [(g.values, g.indices) if sparse.is_sparse(g) else (g,) for g, _ in grads_and_vars]
         flat = [t for p in parts for t in p]
         wire = [self.transfer_dtype if t.dtype.is_floating and self.transfer_dtype else t.dtype for t in flat]
-        with tf.device(worker), tf.name_scope("gradient_queue"):
+        with tf.device(self.compute_devices[0]), tf.name_scope("gradient_queue"):
             queue = v1.FIFOQueue(1, wire, name="gradients")
             queued = _local_variable(lambda: tf.constant(0, tf.int64), "queued")
             applied = _local_variable(lambda: tf.constant(0, tf.int64), "applied")
@@ -124,47 +164,21 @@ class AsyncParameterServer(PsStrategy):
         for p in parts:
             per_grad.append(received[: len(p)])
             received = received[len(p) :]
-        to_push = []
-        for (grad, var), (values, *indices) in zip(
-            grads_and_vars, self._in_waves(per_grad, grads_and_vars), strict=True
-        ):
-            if sparse.is_sparse(grad):
-                # The shape from the variable: grad.dense_shape may depend on this step's ops.
-                to_push.append((tf.IndexedSlices(values, indices[0], sparse.shape_of(var)), var))
-            else:
-                to_push.append((values, var))
-        graph = v1.get_default_graph()
-        before = len(graph.get_operations())
-        push = optimizer.apply_gradients(to_push, global_step=global_step)
-        updates = _updates_by_variable(graph.get_operations()[before:])
-        pulls = []
-        with tf.device(worker), tf.name_scope("pull"):
-            for copy, var in self._copies:
-                # Each variable is pulled as soon as its own update is done, while the rest are
-                # still arriving or being applied: the two directions of the link overlap.
-                with tf.control_dependencies(updates.get(var.handle.name) or [push]):
-                    fresh = self._on_ps(var, var.read_value())
-                pulls.append(copy.assign(tf.cast(fresh, copy.dtype), read_value=False))
-            # Hooks fetch this mirror as the global step: a step must not read the variable on
-            # its PS, where that small read waits behind the pull in flight (one TCP stream).
-            mirror = _local_variable(global_step.read_value, "global_step")
-            with tf.control_dependencies([push]):
-                pulls.append(mirror.assign(global_step.read_value(), read_value=False))
-            with tf.control_dependencies(pulls):
-                self.transfer_op = applied.assign_add(1, read_value=False)
-        self.global_step_read = mirror.read_value()
-        graph.clear_collection(_GLOBAL_STEP_READ)
-        graph.add_to_collection(_GLOBAL_STEP_READ, self.global_step_read)
-        self._loop = _TransferLoop(
-            queue,
-            [self.transfer_op],
-            close_op=queue.close(),
-            cancel_op=queue.close(cancel_pending_enqueues=True),
-            queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
-        )
-        v1.train.add_queue_runner(self._loop)
         self._counts = (queued, applied)
-        return step
+        return queue, step, per_grad
+
+    def _pulls(self, updates, push) -> list:
+        """Each worker-side copy refreshed from its PS as soon as its own variable's update is done.
+
+        While the rest are still arriving or being applied, so the two
+        directions of the link overlap.
+        """
+        pulls = []
+        for copy, var in self._copies:
+            with tf.control_dependencies(updates.get(var.handle.name) or [push]):
+                fresh = self._on_ps(var, var.read_value())
+            pulls.append(copy.assign(tf.cast(fresh, copy.dtype), read_value=False))
+        return pulls
 
     def _in_waves(self, per_grad, grads_and_vars) -> list[list[tf.Tensor]]:
         """Each gradient's queued tensors moved to its variable's PS, in waves of about piece_bytes.
@@ -192,13 +206,12 @@ class AsyncParameterServer(PsStrategy):
         return [self._loop] if self._loop is not None else []
 
 
-class _TransferLoop(v1.train.QueueRunner):
+class _TransferLoop(tf_internals.RoundsQueueRunner):
     """The transfer loop's queue runner, which can trace some of its rounds on request.
 
     `trace(n)` asks for the next n rounds to run with a full trace;
     `take_traces()` returns the StepStats of the rounds traced since the last
-    call. The loop itself is QueueRunner's (TF's `_run`, with the trace
-    options passed to each round).
+    call. The loop itself is QueueRunner's (see `tf_internals.RoundsQueueRunner`).
     """
 
     def __init__(self, *args, **kwargs):
@@ -227,33 +240,6 @@ class _TransferLoop(v1.train.QueueRunner):
         plain(options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=metadata)
         with self._trace_lock:
             self._traces.append(metadata.step_stats)
-
-    def _run(self, sess, enqueue_op, coord=None):
-        decremented = False
-        try:
-            plain = sess.make_callable(enqueue_op, accept_options=True)
-            while not (coord and coord.should_stop()):
-                try:
-                    self._round(plain)
-                except self._queue_closed_exception_types:
-                    with self._lock:
-                        self._runs_per_session[sess] -= 1
-                        decremented = True
-                        if self._runs_per_session[sess] == 0:
-                            with contextlib.suppress(Exception):  # as TF's: errors of close are moot
-                                sess.run(self._close_op)
-                    return
-        except Exception as e:
-            if coord:
-                coord.request_stop(e)
-            else:
-                with self._lock:
-                    self._exceptions_raised.append(e)
-                raise
-        finally:
-            if not decremented:
-                with self._lock:
-                    self._runs_per_session[sess] -= 1
 
 
 def _updates_by_variable(ops) -> dict[str, list[tf.Operation]]:

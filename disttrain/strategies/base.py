@@ -93,6 +93,34 @@ def _ancestors(op: tf.Operation) -> set[tf.Operation]:
     return seen
 
 
+def _gradients_of_copies(optimizer, loss, copies) -> list[tuple[tf.Tensor, tf.Variable]]:
+    """`optimizer.compute_gradients` over the (copy, variable) pairs' copies, paired with the variables.
+
+    Not colocated with their forward ops (TF 2's tf.gradients colocates): a
+    table's gather runs on its PS, and the gradient of what the model did
+    with the rows belongs on this tower's device, not on the PS (a round
+    trip per step).
+    """
+    variable_of = {c.ref(): v for c, v in copies}
+    pairs = optimizer.compute_gradients(
+        loss,
+        var_list=[c for c, _ in copies],
+        gate_gradients=v1.train.Optimizer.GATE_NONE,
+        colocate_gradients_with_ops=False,
+    )
+    return [(g, variable_of[c.ref()]) for g, c in pairs if g is not None]
+
+
+def _refuse_mod_lookups(graph: tf.Graph) -> None:
+    """Fail if a split table is looked up with partition_strategy='mod' (its parts hold rows by 'div')."""
+    if mod := placement.mod_lookups(graph):
+        raise ConfigError(
+            f"embedding table {', '.join(mod)} is split into parts of contiguous rows but looked up with "
+            "partition_strategy='mod': use tf.nn.embedding_lookup (TF 2's, which splits ids by 'div') "
+            "or pass partition_strategy='div'"
+        )
+
+
 def visible_gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
@@ -239,31 +267,13 @@ class Strategy(abc.ABC):
         Horovod-style transforms), over the copies where there are copies.
         """
         cached: dict[str, tuple[tf.Tensor, list]] = {}
-        setter = self.setter
         graph = v1.get_default_graph()
-        read = read or tf.identity
-        tables = self.tables or frozenset()
-
-        def caching_getter(getter, name, *args, **kwargs):
-            var = getter(name, *args, **kwargs)
-            if kwargs.get("trainable") is False or name in tables:
-                return var
-            if name not in cached:
-                with setter.tower(self.compute_devices[0]), tf.name_scope("cached_read"):
-                    parts = placement.variable_parts(var)
-                    copies = [read(p) for p in parts]
-                    if len(copies) == 1:
-                        value = copies[0]
-                    else:
-                        value = tf.concat(copies, axis=self.plan.parts[name][0])
-                cached[name] = (value, list(zip(copies, parts, strict=True)))
-            return cached[name][0]
-
+        caching_getter = self._caching_getter(read or tf.identity, cached)
         losses, tower_grads = [], []
         for i, device in enumerate(self.compute_devices):
             self.tower = i
             with (
-                setter.tower(device),
+                self.setter.tower(device),
                 tf.name_scope(f"tower_{i}"),
                 v1.variable_scope(
                     v1.get_variable_scope(), reuse=True if i > 0 else None, custom_getter=caching_getter
@@ -277,19 +287,30 @@ class Strategy(abc.ABC):
                 # the towers read them where they are, and their gradients are taken directly.
                 copied = {v.ref() for _, v in copies}
                 copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
-                # Not colocated with their forward ops (TF 2's tf.gradients colocates): a table's
-                # gather runs on its PS, and the gradient of what the model did with the rows
-                # belongs on this tower's device, not on the PS (a round trip per step).
-                variable_of = {c.ref(): v for c, v in copies}
-                pairs = optimizer.compute_gradients(
-                    loss,
-                    var_list=[c for c, _ in copies],
-                    gate_gradients=v1.train.Optimizer.GATE_NONE,
-                    colocate_gradients_with_ops=False,
-                )
-                tower_grads.append([(g, variable_of[c.ref()]) for g, c in pairs if g is not None])
+                tower_grads.append(_gradients_of_copies(optimizer, loss, copies))
                 losses.append(loss)
         return losses, tower_grads
+
+    def _caching_getter(self, read: Callable, cached: dict) -> Callable:
+        """A custom getter that reads each trainable non-table variable once, by `read`, into `cached`."""
+        tables = self.tables or frozenset()
+
+        def caching_getter(getter, name, *args, **kwargs):
+            var = getter(name, *args, **kwargs)
+            if kwargs.get("trainable") is False or name in tables:
+                return var
+            if name not in cached:
+                with self.setter.tower(self.compute_devices[0]), tf.name_scope("cached_read"):
+                    parts = placement.variable_parts(var)
+                    copies = [read(p) for p in parts]
+                    if len(copies) == 1:
+                        value = copies[0]
+                    else:
+                        value = tf.concat(copies, axis=self.plan.parts[name][0])
+                cached[name] = (value, list(zip(copies, parts, strict=True)))
+            return cached[name][0]
+
+        return caching_getter
 
     def compute_gradients(
         self, optimizer, loss, read: Callable | None = None
@@ -351,13 +372,12 @@ class Strategy(abc.ABC):
     ) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
-        Placement: a strategy with no plan yet plans one from `loss` (a
-        loss function): a model whose variables all come from `get_variable`
-        is built once more in a scratch graph to read their shapes (and which
-        are embedding tables), so large ones are split; any other variable (Keras layers, `tf.Variable`, or
-        variables made before `scope()`) is placed whole, largest first onto
-        the least-loaded PS, once the graph is built (`placed_whole` lists the
-        ones too large for a fair share).
+        Placement: a strategy with no plan yet plans one from `loss` (a loss
+        function): a model whose variables all come from `get_variable` is
+        built once more in a scratch graph to read their shapes (and which are
+        embedding tables), so large ones are split; any other variable (Keras
+        layers, `tf.Variable`, variables made before `scope()`) is placed whole
+        once the graph is built (`place_remaining`).
 
         Also runs the first tower's state updates with the step: the
         UPDATE_OPS collection (batch norm written for v1 graphs) and the
@@ -378,32 +398,17 @@ class Strategy(abc.ABC):
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
-        if clip is not None and clip.where == "aggregate" and self.aggregate_clipped_at is None:
-            raise ConfigError(
-                f"clip_where='aggregate': {type(self).__name__} never aggregates gradients (each "
-                "replica's update is applied alone); use clip_where='replica'"
-            )
-        self._aggregate_clip = clip.norm if clip is not None and clip.where == "aggregate" else None
+        self._take_clip(clip)
         self.batch_size = batch_size
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
-        if self.plan is None and self.tables is None and callable(loss):
-            try:
-                self.plan = self.plan_from(placement.collect_get_variables(loss))
-            except placement.NotReplayable:
-                pass  # placed whole after the build
-            self.setter.plan = self.plan
+        self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
         graph = v1.get_default_graph()
         loss, state_updates = _recording_state_updates(loss, graph) if callable(loss) else (loss, [])
         grads_and_vars = self.compute_gradients(optimizer, loss)
-        if mod := placement.mod_lookups(graph):
-            raise ConfigError(
-                f"embedding table {', '.join(mod)} is split into parts of contiguous rows but looked up with "
-                "partition_strategy='mod': use tf.nn.embedding_lookup (TF 2's, which splits ids by 'div') "
-                "or pass partition_strategy='div'"
-            )
+        _refuse_mod_lookups(graph)
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("deduplicate"):
             grads_and_vars = [
                 (sparse.deduplicated(g) if sparse.is_sparse(g) else g, v) for g, v in grads_and_vars
@@ -411,6 +416,34 @@ class Strategy(abc.ABC):
         # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
         # variable (accumulators, transfer casts) are made where the variable already is.
         self.place_remaining(global_step)
+        grads_and_vars = self._guarded(grads_and_vars, check_numerics, clip)
+        prefix = "tower_0/" if self.num_towers > 1 else ""
+        updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
+        # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
+        batch = schedules.global_batch(self.examples_per_step(batch_size)) if batch_size else None
+        with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
+            return self.apply_gradients(optimizer, grads_and_vars, global_step)
+
+    def _take_clip(self, clip: Clip | None) -> None:
+        """Refuse an aggregate clip this strategy has no place for; note the norm for clip_aggregate."""
+        if clip is not None and clip.where == "aggregate" and self.aggregate_clipped_at is None:
+            raise ConfigError(
+                f"clip_where='aggregate': {type(self).__name__} never aggregates gradients (each "
+                "replica's update is applied alone); use clip_where='replica'"
+            )
+        self._aggregate_clip = clip.norm if clip is not None and clip.where == "aggregate" else None
+
+    def _plan_from_loss(self, loss) -> None:
+        """Plan from a scratch build of the loss function unless planned; hand the setter the plan."""
+        if self.plan is None and self.tables is None and callable(loss):
+            try:
+                self.plan = self.plan_from(placement.collect_get_variables(loss))
+            except placement.NotReplayable:
+                pass  # placed whole after the build
+            self.setter.plan = self.plan
+
+    def _guarded(self, grads_and_vars, check_numerics: bool, clip: Clip | None):
+        """The gradients checked for NaN and Inf, and clipped per replica, as minimize() was asked."""
         if check_numerics:
             grads_and_vars = [
                 (_checked(g, f"{NON_FINITE} gradient of {v.op.name}"), v) for g, v in grads_and_vars
@@ -418,12 +451,7 @@ class Strategy(abc.ABC):
         if clip is not None and clip.where == "replica":
             with self.setter.tower(self.compute_devices[0]):
                 grads_and_vars = clip_by_global_norm(grads_and_vars, clip.norm)
-        prefix = "tower_0/" if self.num_towers > 1 else ""
-        updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
-        # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
-        batch = schedules.global_batch(self.examples_per_step(batch_size)) if batch_size else None
-        with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
-            return self.apply_gradients(optimizer, grads_and_vars, global_step)
+        return grads_and_vars
 
     def plan_from(self, specs) -> placement.Plan | None:
         """The plan for these variable specs (here: none); notes which are embedding tables."""

@@ -12,6 +12,8 @@ from collections.abc import Collection, Iterable
 
 import tensorflow as tf
 
+from disttrain import tf_internals
+
 
 def is_sparse(grad) -> bool:
     return isinstance(grad, tf.IndexedSlices)
@@ -68,7 +70,7 @@ def gather_on_tables(
     for gather in list(ops):
         if (
             gather.type != "GatherV2"
-            or gather._control_flow_context is not None  # noqa: SLF001
+            or tf_internals.in_control_flow(gather)
             or not gather.outputs[0].consumers()  # nothing to reroute (one moved before, say)
         ):
             continue
@@ -77,7 +79,7 @@ def gather_on_tables(
         if (
             read.type != "ReadVariableOp"
             or read.inputs[0].op.type != "VarHandleOp"
-            or read._control_flow_context is not None  # noqa: SLF001
+            or tf_internals.in_control_flow(read)
             or params.ref() in keep
             or gather.get_attr("batch_dims") != 0
             or tf.get_static_value(axis) != 0
@@ -98,6 +100,6 @@ def gather_on_tables(
         for consumer in gather.outputs[0].consumers():
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is gather.outputs[0]:
-                    consumer._update_input(index, rows)  # noqa: SLF001  TF1 graph surgery, no public way
+                    tf_internals.update_input(consumer, index, rows)
         replaced += 1
     return replaced
