@@ -112,6 +112,8 @@ class TrainConfig(RunSettings):
     batch_size: examples per tower (device) per step.
     train_steps: training stops when the global step reaches this.
     eval_steps: batches per checkpoint for an evaluator task.
+    regularization: the recipe's terms of the training loss
+      (`model_zoo.base.Regularization`: weight decay, label smoothing); None: none.
     eval_input_fn: what an evaluator task reads, with input_fn's signature: a
       held-out split (e.g. `@eval/imagenet_input` with its own file_pattern and
       training=False). Each checkpoint is evaluated on the same first
@@ -127,6 +129,7 @@ class TrainConfig(RunSettings):
     train_steps: int = 1000
     eval_steps: int = 10
     eval_input_fn: Callable | None = None
+    regularization: object = None
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError naming the first missing or impossible setting."""

@@ -25,6 +25,7 @@ from disttrain import schedules, strategies
 from disttrain.config import TrainConfig
 from disttrain.optimizers import LazyAdamOptimizer
 from model_zoo import imagenet, inputs
+from model_zoo.base import Regularization
 
 v1 = tf.compat.v1
 
@@ -49,6 +50,8 @@ def register_all() -> None:
     gin.external_configurable(schedules.Constant, "constant_lr")
     gin.external_configurable(schedules.Piecewise, "piecewise_lr")
     gin.external_configurable(schedules.Cosine, "cosine_lr")
+    gin.external_configurable(schedules.Exponential, "exponential_lr")
+    gin.external_configurable(Regularization, "regularization")
     gin.external_configurable(schedules.linear_scaling, "linear_scaling")
     gin.external_configurable(inputs.synthetic, "synthetic_input")
     gin.external_configurable(inputs.tfrecord, "tfrecord_input")

@@ -322,7 +322,7 @@ def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Ca
                 )
                 iterators[graph] = input_context.saved_iterator(trainer.without_autotune_thread(dataset))
         features, labels = iterators[graph].get_next()
-        return model.loss(model(features, training=True), labels)
+        return model.training_loss(features, labels, config.regularization)
 
     return loss_fn
 
@@ -335,6 +335,7 @@ def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trai
         zoo_loss_fn(config, cluster, strategy),
         config.optimizer,
         config.check_numerics,
+        config.batch_size,
         clip=Clip.of(config),
     )
 

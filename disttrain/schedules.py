@@ -208,3 +208,18 @@ class Cosine(Schedule):
             raise ConfigError(f"Cosine: total ({self.total}) must be beyond warmup ({self.warmup})")
         progress = tf.clip_by_value((step - warmup) / (total - warmup), 0.0, 1.0)
         return peak * (self.final + (1.0 - self.final) * 0.5 * (1.0 + tf.cos(math.pi * progress)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Exponential(Schedule):
+    """peak x rate^(step / every), in whole periods when `staircase`: e.g. x0.94 every 2 epochs."""
+
+    rate: float = 0.94
+    every: float = 1
+    staircase: bool = True
+
+    def _decayed(self, step, peak):
+        periods = step / self.steps(self.every)
+        if self.staircase:
+            periods = tf.floor(periods)
+        return peak * tf.pow(tf.constant(self.rate, tf.float32), periods)

@@ -2,11 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import tensorflow as tf
+
+from model_zoo import layers
 
 # What an input pipeline yields as one batch's features: one tensor (the classifiers)
 # or a tuple of tensors (DLRM's dense features and categorical ids).
 Features = tf.Tensor | tuple[tf.Tensor, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Regularization:
+    """What a recipe adds to a classifier's training loss (not to its evaluation).
+
+    weight_decay: rate x sum of squares / 2 (`tf.nn.l2_loss`) of the dense and
+      conv kernels; never biases, batch-norm parameters or embedding tables.
+    decay_layers: regular expressions over kernel names (e.g. 'local3/weights');
+      only kernels that match one decay; empty: every kernel.
+    label_smoothing: cross-entropy against (1 - e) x one-hot + e / classes
+      (Szegedy et al. 2016).
+    """
+
+    weight_decay: float = 0.0
+    decay_layers: tuple[str, ...] = ()
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        if self.weight_decay < 0 or not 0 <= self.label_smoothing < 1:
+            raise ValueError(
+                f"weight_decay must be >= 0 and label_smoothing in [0, 1), got {self.weight_decay}, "
+                f"{self.label_smoothing}"
+            )
+
+    def decayed(self, kernels: list[tuple[str, tf.Tensor]]) -> list[tuple[str, tf.Tensor]]:
+        """The kernels this recipe decays."""
+        if not self.decay_layers:
+            return list(kernels)
+        return [(n, k) for n, k in kernels if any(re.search(p, n) for p in self.decay_layers)]
+
+    def decay(self, kernels: list[tuple[str, tf.Tensor]]) -> tf.Tensor | float:
+        chosen = self.decayed(kernels) if self.weight_decay else []
+        if not chosen:
+            return 0.0
+        return self.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(k, tf.float32)) for _, k in chosen])
 
 
 class Model:
@@ -29,9 +70,22 @@ class Model:
     def __call__(self, features: Features, training: bool) -> tf.Tensor:
         raise NotImplementedError
 
-    def loss(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        """Mean softmax cross-entropy over the batch."""
+    def loss(self, logits: tf.Tensor, labels: tf.Tensor, label_smoothing: float = 0.0) -> tf.Tensor:
+        """Mean softmax cross-entropy over the batch (against smoothed labels when asked)."""
+        if label_smoothing:
+            targets = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
+            classes = tf.cast(tf.shape(logits)[-1], logits.dtype)
+            targets = targets * (1.0 - label_smoothing) + label_smoothing / classes
+            return tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    def training_loss(self, features: Features, labels: tf.Tensor, recipe: Regularization | None = None):
+        """The loss training minimises: `loss` on the model's training logits, with the recipe's terms."""
+        recipe = recipe or Regularization()
+        with layers.kernels() as kernels:
+            logits = self(features, training=True)
+        smoothing = {"label_smoothing": recipe.label_smoothing} if recipe.label_smoothing else {}
+        return self.loss(logits, labels, **smoothing) + recipe.decay(kernels)
 
     def accuracy(self, logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """Fraction of the batch whose largest logit is at its (int32) label."""

@@ -9,11 +9,35 @@ tower reuse all apply. Images are NHWC.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import tensorflow as tf
 
 v1 = tf.compat.v1
+_KERNELS: list[list[tuple[str, tf.Tensor]]] = []  # open `kernels()` blocks, innermost last
+
+
+@contextlib.contextmanager
+def kernels():
+    """Within: a list of (variable name, tensor) of every dense and conv kernel the layers use.
+
+    The tensors are what `get_variable` returned to the layer (with towers,
+    the host's copy), so a loss term on them has gradients where the model's
+    do. Biases, batch-norm parameters and embedding tables are not kernels.
+    """
+    found: list[tuple[str, tf.Tensor]] = []
+    _KERNELS.append(found)
+    try:
+        yield found
+    finally:
+        _KERNELS.pop()
+
+
+def _kernel(w):
+    if _KERNELS:
+        _KERNELS[-1].append((f"{v1.get_variable_scope().name}/weights", w))
+    return w
 
 
 def _he_init():
@@ -24,7 +48,9 @@ def dense(x, units: int, name: str, activation=None, use_bias: bool = True, init
     """x @ W + b; x is flattened to 2-D first."""
     with v1.variable_scope(name):
         x = flatten(x)
-        w = v1.get_variable("weights", [int(x.shape[-1]), units], initializer=initializer or _he_init())
+        w = _kernel(
+            v1.get_variable("weights", [int(x.shape[-1]), units], initializer=initializer or _he_init())
+        )
         y = tf.matmul(x, w)
         if use_bias:
             y = tf.nn.bias_add(y, v1.get_variable("biases", [units], initializer=v1.zeros_initializer()))
@@ -45,8 +71,10 @@ def conv2d(
     """2-D convolution, NHWC."""
     kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
     with v1.variable_scope(name):
-        w = v1.get_variable(
-            "weights", [kh, kw, int(x.shape[-1]), filters], initializer=initializer or _he_init()
+        w = _kernel(
+            v1.get_variable(
+                "weights", [kh, kw, int(x.shape[-1]), filters], initializer=initializer or _he_init()
+            )
         )
         y = tf.nn.conv2d(x, w, strides=[1, strides, strides, 1], padding=padding)
         if use_bias:

@@ -17,7 +17,7 @@ import time
 
 import tensorflow as tf
 
-from disttrain import placement, traffic
+from disttrain import placement, schedules, traffic
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
 from disttrain.plan import cost, published
@@ -115,10 +115,11 @@ def measure_step_time(config: TrainConfig, steps: int = 5, warmup: int = 2) -> f
     if steps < 1:
         raise cost.PlanError(f"need at least 1 measured step, got {steps}")
     model = config.model
-    with tf.Graph().as_default():
+    # One process: its batch is the global batch (for a recipe's scaled learning rate).
+    with tf.Graph().as_default(), schedules.global_batch(config.batch_size):
         dataset = config.input_fn(model, config.batch_size, 0, 1)
         features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
-        loss = model.loss(model(features, training=True), labels)
+        loss = model.training_loss(features, labels, config.regularization)
         train_op = config.optimizer().minimize(loss, global_step=v1.train.get_or_create_global_step())
         session_config = v1.ConfigProto(
             intra_op_parallelism_threads=config.intra_op_threads,
