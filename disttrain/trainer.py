@@ -319,45 +319,16 @@ def monitored_session(
     holds what this task measured once the block has ended. A NaN or Inf
     becomes DivergedError.
     """
-    loss = strategy.loss
+    job, index = (cluster.task_type, cluster.task_index)
     global_step = strategy.global_step_read
     if global_step is None:
         global_step = v1.train.get_global_step()
-    job, index = (cluster.task_type, cluster.task_index)
-    throughput = metrics.ThroughputHook(
-        task=cluster.task_name,
-        loss=loss,
-        global_step=global_step,
-        examples_per_local_step=batch_size * strategy.num_towers,
-        examples_per_global_step=strategy.examples_per_step(batch_size),
-        every_n=settings.log_every_steps,
-        task_logdir=metrics.task_logdir(logdir, job, index),
-        cluster_logdir=logdir if cluster.is_chief else None,
-        decay_threshold=settings.decay_threshold,
-        decay_window=settings.decay_window,
-    )
+    throughput = _throughput_hook(cluster, strategy, logdir, settings, batch_size, global_step)
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     stop_at = _StopAtStep(last_step=steps)
     all_hooks = [*strategy.hooks(), stop_at, throughput, *hooks]
-    all_hooks.append(
-        input_context.InputPositionHook(
-            metrics.task_logdir(logdir, job, index),
-            strategy.input_context(),
-            global_step,
-            settings.save_checkpoint_steps,
-            settings.save_checkpoint_secs,
-        )
-    )
-    if settings.stall_window:
-        all_hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
-    if settings.trace_steps:
-        task_dir = metrics.task_logdir(logdir, job, index)
-        all_hooks.append(
-            metrics.TraceHook(
-                task_dir, settings.trace_steps, settings.log_every_steps, global_step, strategy.traced_loops()
-            )
-        )
+    all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)
     notices = []
@@ -365,42 +336,75 @@ def monitored_session(
         notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
     all_hooks.append(recovery.PreemptionHook(v1.train.get_global_step(), notices, cluster.is_chief))
-    if cluster.is_chief:
-        if settings.save_checkpoint_steps or settings.save_checkpoint_secs:
-            all_hooks.append(
-                v1.train.CheckpointSaverHook(
-                    logdir,
-                    save_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
-                    save_steps=settings.save_checkpoint_steps,
-                    scaffold=scaffold,
-                )
+    if cluster.is_chief and (settings.save_checkpoint_steps or settings.save_checkpoint_secs):
+        all_hooks.append(
+            v1.train.CheckpointSaverHook(
+                logdir,
+                save_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
+                save_steps=settings.save_checkpoint_steps,
+                scaffold=scaffold,
             )
-        usable_checkpoint(logdir)
-        live = bool(notices)  # variables on PS tasks, which may have outlived this chief
-        creator = recovery.ChiefSessionCreator(
-            scaffold,
-            target,
-            session_config,
-            logdir,
-            v1.report_uninitialized_variables(v1.global_variables()) if live else None,
-            v1.train.get_global_step(),
-            adopt=live,
         )
-    else:
-        creator = _WorkerSessionCreator(
-            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs
-        )
-    tf_logger = tf.get_logger()
-    lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
-    creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
-    level = tf_logger.level
-    tf_logger.addFilter(lost_peer_log)
-    tf_logger.setLevel(min(tf_logger.getEffectiveLevel(), logging.INFO))
-    try:
+    # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
+    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, bool(notices))
+    with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
+        creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
         with v1.train.MonitoredSession(
             session_creator=creator, hooks=all_hooks, stop_grace_period_secs=5
         ) as session:
             yield session
+    result = session.result = throughput.result
+    write_result(logdir, job, index, result)
+    log.info(
+        f"{cluster.task_name} finished: {result.local_steps} local steps "
+        f"to global step {result.global_step}, "
+        f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
+    )
+
+
+def _throughput_hook(
+    cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, batch_size, global_step
+):
+    """This replica's throughput (and the cluster's, on the chief), `batch_size` examples per tower."""
+    return metrics.ThroughputHook(
+        task=cluster.task_name,
+        loss=strategy.loss,
+        global_step=global_step,
+        examples_per_local_step=batch_size * strategy.num_towers,
+        examples_per_global_step=strategy.examples_per_step(batch_size),
+        every_n=settings.log_every_steps,
+        task_logdir=metrics.task_logdir(logdir, cluster.task_type, cluster.task_index),
+        cluster_logdir=logdir if cluster.is_chief else None,
+        decay_threshold=settings.decay_threshold,
+        decay_window=settings.decay_window,
+    )
+
+
+@contextlib.contextmanager
+def _lost_peer_logging():
+    """For the block, TF's logger at INFO at least and filtered by a `_LostPeerLog`, which it yields."""
+    tf_logger = tf.get_logger()
+    lost_peer_log = _LostPeerLog(tf_logger.getEffectiveLevel())
+    level = tf_logger.level
+    tf_logger.addFilter(lost_peer_log)
+    tf_logger.setLevel(min(tf_logger.getEffectiveLevel(), logging.INFO))
+    try:
+        yield lost_peer_log
+    finally:
+        tf_logger.removeFilter(lost_peer_log)
+        tf_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.ThroughputHook):
+    """What a session's errors mean once it ends: a PS gone after the last step, or a NaN.
+
+    A PS that left after the last step (training is over) ends the block
+    quietly; a failed numerics check becomes DivergedError; anything else
+    passes through.
+    """
+    try:
+        yield
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
         # Raised by the close, after the last step: a loop beside the step (the async overlap's
         # transfer loop, draining the last gradients) lost a PS that left because training is over.
@@ -418,15 +422,46 @@ def monitored_session(
             f"{what} became NaN or Inf after global step {throughput.result.global_step}: stopping; "
             "the last checkpoint holds no diverged value (lower the learning rate?)"
         ) from None
-    finally:
-        tf_logger.removeFilter(lost_peer_log)
-        tf_logger.setLevel(level)
-    result = session.result = throughput.result
-    write_result(logdir, job, index, result)
-    log.info(
-        f"{cluster.task_name} finished: {result.local_steps} local steps "
-        f"to global step {result.global_step}, "
-        f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
+
+
+def _watch_hooks(cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, global_step):
+    """The hooks that watch a replica: its input position, the stall guard, step traces (as set)."""
+    task_dir = metrics.task_logdir(logdir, cluster.task_type, cluster.task_index)
+    hooks = [
+        input_context.InputPositionHook(
+            task_dir,
+            strategy.input_context(),
+            global_step,
+            settings.save_checkpoint_steps,
+            settings.save_checkpoint_secs,
+        )
+    ]
+    if settings.stall_window:
+        hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
+    if settings.trace_steps:
+        hooks.append(
+            metrics.TraceHook(
+                task_dir, settings.trace_steps, settings.log_every_steps, global_step, strategy.traced_loops()
+            )
+        )
+    return hooks
+
+
+def _session_creator(cluster: Cluster, scaffold, target, session_config, settings: RunSettings, logdir, live):
+    """The chief's creator (restores, or adopts `live` PS state) or a worker's (waits for the chief)."""
+    if not cluster.is_chief:
+        return _WorkerSessionCreator(
+            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs
+        )
+    usable_checkpoint(logdir)
+    return recovery.ChiefSessionCreator(
+        scaffold,
+        target,
+        session_config,
+        logdir,
+        v1.report_uninitialized_variables(v1.global_variables()) if live else None,
+        v1.train.get_global_step(),
+        adopt=live,
     )
 
 
