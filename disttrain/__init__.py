@@ -11,6 +11,8 @@ The public API:
 - `RunSettings`: how a run goes (checkpoints, logging, waits, guards);
   `TrainConfig`: a model_zoo run as gin binds it (bin/train.py).
 - `DisttrainError`: what ends a task, with its exit code.
+- `InputContext`: what a loss function that takes one argument is given: its
+  replica and tower, batch sizes, `shard()` and `get_next()`.
 """
 
 import os as _os
@@ -33,6 +35,7 @@ _tf.compat.v1.disable_eager_execution()
 from disttrain.cluster import Cluster  # noqa: E402
 from disttrain.config import RunSettings, TrainConfig  # noqa: E402
 from disttrain.errors import DisttrainError  # noqa: E402
+from disttrain.input_context import InputContext  # noqa: E402
 from disttrain.launch import fit, session  # noqa: E402
 from disttrain.optimizers import LazyAdamOptimizer  # noqa: E402
 from disttrain.strategies import (  # noqa: E402
@@ -46,6 +49,7 @@ __all__ = [
     "AsyncParameterServer",
     "Cluster",
     "DisttrainError",
+    "InputContext",
     "LazyAdamOptimizer",
     "RunSettings",
     "Strategy",
