@@ -1,0 +1,149 @@
+"""A chaos soak: SIGKILL or SIGTERM a random task at random times through a run, under max_restarts.
+
+`soak(...)` starts a LocalCluster that restarts what dies (as TFJob's
+ExitCode policy does), signals a random live task (PS, worker or chief)
+every `every_secs` on average until `duration_secs` have passed or the run
+is near its end, waits for the end, and reads the chief's log back into a
+`Report`: the faults, the restarts, the steps each fault lost (the global
+step before it against the step training resumed from), whether the global
+step went back other than at a restore, and every task's exit code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import signal
+import time
+
+from disttrain.bench.measure import parse_line
+from disttrain.launch import read_results
+from disttrain.local import LocalCluster
+
+# Where a chief resumes: adopted live state, a restored checkpoint (start or in-process recovery).
+_RESUMED = re.compile(r"(?:adopting the PS tasks' live state at global step (\d+)|restoring \S*ckpt-(\d+))")
+_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+
+
+@dataclasses.dataclass
+class Fault:
+    at: float  # time.time()
+    task: str
+    signal: str
+    step_before: int = 0  # the chief's last logged global step before the fault
+    lost: int = 0  # steps lost: step_before - the step training resumed from (0 if none)
+
+
+@dataclasses.dataclass
+class Report:
+    faults: list[Fault]
+    restarts: dict[str, int]
+    codes: dict[str, int]
+    went_back_without_restore: list[tuple[int, int]]  # (step, next logged step)
+    final_step: int
+
+    def __str__(self) -> str:
+        lines = [
+            f"{len(self.faults)} faults, {sum(self.restarts.values())} restarts, final global step "
+            f"{self.final_step}; exit codes {sorted(set(self.codes.values()))}"
+        ]
+        for f in self.faults:
+            lines.append(
+                f"  {time.strftime('%H:%M:%S', time.localtime(f.at))} {f.signal} {f.task} "
+                f"at global step ~{f.step_before}: {f.lost} steps lost"
+            )
+        back = self.went_back_without_restore
+        lines.append(f"  global step monotone except at restores: {'yes' if not back else back}")
+        return "\n".join(lines)
+
+
+def _seconds(clock: str, day_start: float) -> float:
+    h, m, s = (int(x) for x in clock)
+    return day_start + 3600 * h + 60 * m + s
+
+
+def read_chief_log(path: str) -> list[tuple[float, str, int]]:
+    """(time, kind, step) in order: kind 'step' for progress lines, 'resumed' for a restore or adoption."""
+    lt = time.localtime()
+    day_start = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, -1))
+    events, now = [], 0.0
+    with open(path, errors="replace") as f:
+        for line in f:
+            clock = _TIME.match(line)
+            if clock:
+                now = _seconds(clock.groups(), day_start)
+            parsed = parse_line(line)
+            if parsed:
+                events.append((now, "step", parsed["global_step"]))
+                continue
+            resumed = _RESUMED.search(line)
+            if resumed:
+                events.append((now, "resumed", int(resumed.group(1) or resumed.group(2))))
+    return events
+
+
+def account(faults: list[Fault], events) -> list[tuple[int, int]]:
+    """Fill in each fault's step_before and lost from the chief's log; return unexplained steps back."""
+    for i, fault in enumerate(faults):
+        end = faults[i + 1].at if i + 1 < len(faults) else float("inf")
+        before = [step for t, kind, step in events if kind == "step" and t <= fault.at]
+        fault.step_before = max(before, default=0)
+        resumed = [step for t, kind, step in events if kind == "resumed" and fault.at - 1 <= t < end]
+        fault.lost = max([0, *(fault.step_before - step for step in resumed)])
+    back, last, floor = [], None, None
+    for _, kind, step in events:
+        if kind == "resumed":
+            floor = step
+        elif last is not None and step < last and (floor is None or step < floor):
+            back.append((last, step))
+        if kind == "step":
+            last = step
+    return back
+
+
+def soak(
+    gin_files,
+    logdir: str,
+    gin_params=(),
+    duration_secs: float = 150.0,
+    every_secs: float = 25.0,
+    seed: int = 0,
+    signals=(signal.SIGKILL, signal.SIGTERM),
+    timeout_secs: float = 900.0,
+    **cluster_kwargs,
+) -> Report:
+    rng = random.Random(seed)
+    cluster = LocalCluster(
+        gin_files, logdir, gin_params=list(gin_params), max_restarts=1000, **cluster_kwargs
+    )
+    faults: list[Fault] = []
+    start = time.monotonic()
+    due = [start + rng.uniform(0.5, 1.5) * every_secs]
+
+    def tick():
+        now = time.monotonic()
+        if now < due[0] or now - start > duration_secs:
+            return
+        if any(t.proc is not None and t.proc.poll() == 0 for t in cluster.tasks):
+            return  # training is ending: a PS restarted now would wait for replicas that are done
+        due[0] = now + rng.uniform(0.5, 1.5) * every_secs
+        live = [t for t in cluster.tasks if t.proc is not None and t.proc.poll() is None]
+        if not live:
+            return
+        task = rng.choice(live)
+        signum = rng.choice(signals)
+        os.kill(task.proc.pid, signum)
+        faults.append(Fault(time.time(), task.name, signal.Signals(signum).name))
+
+    cluster.start()
+    try:
+        codes = cluster.wait(timeout=timeout_secs, on_tick=tick)
+    finally:
+        cluster.stop()
+    events = read_chief_log(cluster.chief_task.log_path)
+    back = account(faults, events)
+    results = read_results(logdir)
+    final = max((r["global_step"] for r in results.values()), default=0)
+    return Report(faults, dict(cluster.restarts), codes, back, final)

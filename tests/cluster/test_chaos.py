@@ -1,0 +1,55 @@
+"""The chaos soak (tests/chaos.py), short: a few random SIGKILLs and SIGTERMs per strategy in 2-3 minutes.
+
+DISTTRAIN_CHAOS_SECS=1200 runs the long soak (20 minutes of faults per
+strategy; raise DISTTRAIN_CHAOS_STEPS so that training outlasts it).
+"""
+
+import os
+
+import pytest
+
+from tests.chaos import soak
+from tests.cluster.helpers import TINY
+
+pytestmark = [pytest.mark.cluster, pytest.mark.fault]
+
+SECS = float(os.environ.get("DISTTRAIN_CHAOS_SECS", "120"))
+CHECKPOINT_STEPS, LOG_STEPS = 200, 25
+STRATEGIES = {  # gin file, training steps that outlast the short soak on a loaded 2-core machine
+    "async_ps": ("gin/mlp_async.gin", 30000),
+    "sync_ps": ("gin/mlp_sync.gin", 6000),
+    "allreduce": ("gin/mlp_allreduce.gin", 12000),
+}
+
+
+# The first short soak (async_ps, seed 1) found a replica hung for good, silently, in its first
+# step after an in-process recovery from a PS SIGKILL that followed a PS preemption (BUILD_NOTES).
+@pytest.mark.xfail(reason="issue 22: a replica can hang after recovering from a lost PS", strict=False)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_chaos_soak(tmp_path, strategy):
+    gin, steps = STRATEGIES[strategy]
+    steps = int(os.environ.get("DISTTRAIN_CHAOS_STEPS", steps))
+    report = soak(
+        [gin, TINY],
+        str(tmp_path / "logdir"),
+        gin_params=[
+            f"TrainConfig.train_steps={steps}",
+            f"TrainConfig.save_checkpoint_steps={CHECKPOINT_STEPS}",
+            f"TrainConfig.log_every_steps={LOG_STEPS}",
+        ],
+        duration_secs=SECS,
+        every_secs=max(20.0, SECS / 6),
+        seed=int(os.environ.get("DISTTRAIN_CHAOS_SEED", "1")),
+        num_ps=2 if strategy != "allreduce" else 0,
+        num_workers=2,
+        timeout_secs=SECS + 600,
+    )
+    print(f"chaos soak, {strategy}:\n{report}")
+    (tmp_path / "report.txt").write_text(str(report))
+    assert report.faults, report
+    assert set(report.codes.values()) == {0}, report
+    assert not report.went_back_without_restore, report
+    for fault in report.faults:
+        bound = 0 if fault.signal == "SIGTERM" else CHECKPOINT_STEPS + LOG_STEPS
+        assert fault.lost <= bound, (fault, str(report))
+    assert report.final_step >= steps
