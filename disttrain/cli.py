@@ -15,7 +15,7 @@ import sys
 import gin
 
 from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch, logs, metrics
+from disttrain import configurables, launch, logs, metrics, zoo_run
 from disttrain.config import TrainConfig
 from disttrain.errors import EXIT_TRANSIENT, DisttrainError
 from disttrain.launch import errors_to_exit, fail
@@ -90,7 +90,7 @@ def train_config(gin_files, gin_params) -> TrainConfig:
 
 def dry_run(cluster: cluster_lib.Cluster, config: TrainConfig) -> int:
     with errors_to_exit():
-        print(launch.dry_run(cluster, config))
+        print(zoo_run.dry_run(cluster, config))
     print("operative gin config:")
     print(gin.operative_config_str())
     return 0
@@ -107,7 +107,7 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
 
     logs.to_console()
     with errors_to_exit(cluster):
-        return launch.run(cluster, config, logdir, on_built=write_operative_config)
+        return zoo_run.run(cluster, config, logdir, on_built=write_operative_config)
 
 
 def launch_local(

@@ -2,9 +2,9 @@
 
 `fit(loss_fn, optimizer_fn, ...)` is the whole life of one task of a user's
 script, whatever its role; `session(strategy, ...)` is the same for a user's
-own loop; `run(cluster, config, logdir)` is the gin/model_zoo path
-(bin/train.py), a thin adapter over the same replica path. Roles are a table,
-not an if-chain. A PS only serves: it starts its server, waits until every
+own loop; the gin/model_zoo path (bin/train.py) is `disttrain.zoo_run`, a
+thin adapter over the same paths. What each role does is one table,
+`ROLES`, that every entry reads. A PS only serves: it starts its server, waits until every
 replica has said it is done (through a queue on the PS), and returns so that
 the process exits 0 (TF's `server.join()` never returns).
 """
@@ -21,15 +21,19 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import evaluation, input_context, logs, metrics, placement, preemption, servers, trainer
+from disttrain import evaluation, logs, metrics, placement, preemption, servers, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
-from disttrain.config import RunSettings, TrainConfig
+from disttrain.config import RunSettings
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
 from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
+
+SERVE, TRAIN, EVALUATE = "serve", "train", "evaluate"
+# What a task of each type does, whatever the entry (fit, session, zoo_run.run).
+ROLES = {PS: SERVE, WORKER: TRAIN, CHIEF: TRAIN, LOCAL: TRAIN, EVALUATOR: EVALUATE}
 
 
 # ---- the one entry for any model ---------------------------------------------
@@ -86,28 +90,34 @@ def fit(
         logs.to_console()
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
-        if cluster.task_type == PS:
-            serve(cluster, settings)
-            return None
-        if cluster.task_type == EVALUATOR:
-            if eval_fn is None:
-                raise ConfigError(
-                    "an evaluator task needs fit(..., eval_fn=...): start the script as ps, worker or "
-                    "chief, or give eval_fn"
-                )
-            build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
-            evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs)
-            return None
-        return train_replica(
-            make_strategy(strategy, cluster),
-            loss_fn,
-            optimizer_fn,
-            steps=steps,
-            logdir=logdir,
-            settings=settings,
-            batch_size=batch_size,
-            hooks=hooks,
+        lives = {
+            SERVE: lambda: serve(cluster, settings),
+            EVALUATE: lambda: _evaluate(eval_fn, logdir, batch_size, eval_steps, steps, settings),
+            TRAIN: lambda: train_replica(
+                make_strategy(strategy, cluster),
+                loss_fn,
+                optimizer_fn,
+                steps=steps,
+                logdir=logdir,
+                settings=settings,
+                batch_size=batch_size,
+                hooks=hooks,
+            ),
+        }
+        return lives[ROLES[cluster.task_type]]()
+
+
+def _evaluate(
+    eval_fn, logdir: str, batch_size: int, eval_steps: int, steps: int, settings: RunSettings
+) -> None:
+    """An evaluator task of `fit`: evaluate each checkpoint with `eval_fn` until the last one."""
+    if eval_fn is None:
+        raise ConfigError(
+            "an evaluator task needs fit(..., eval_fn=...): start the script as ps, worker or "
+            "chief, or give eval_fn"
         )
+    build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
+    evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs)
 
 
 @contextlib.contextmanager
@@ -138,7 +148,7 @@ def session(
         settings = settings or RunSettings.of(**more_settings)
         logs.to_console()
         preemption.install(settings.preempt_secs)
-        if cluster.task_type == PS:
+        if ROLES[cluster.task_type] == SERVE:
             serve(cluster, settings)
             sys.exit(0)
         target, on_reconnect, session_config = _connect(cluster, strategy, settings, logdir)
@@ -234,7 +244,7 @@ def serve(cluster: Cluster, settings: RunSettings) -> None:
 
 def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str):
     """Start this replica's server and wait for its peers: (target, on_reconnect, session config)."""
-    session_config = strategy.config(settings.intra_op_threads, settings.inter_op_threads)
+    session_config = strategy.session_config(settings.intra_op_threads, settings.inter_op_threads)
     trainer.check_writable(logdir)
     if cluster.is_local:
         return "", None, session_config
@@ -305,107 +315,6 @@ def placement_report(strategy: Strategy, graph: tf.Graph, title: str = "placemen
     return "\n".join(lines)
 
 
-# ---- the gin / model_zoo path ------------------------------------------------
-
-
-def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Callable[[], tf.Tensor]:
-    """One replica's loss for a model_zoo model: its input pipeline (made on first call) and the model."""
-    model = config.model
-    iterators = {}  # one per graph: a scratch build for placement gets its own
-
-    def loss_fn():
-        graph = v1.get_default_graph()
-        if graph not in iterators:
-            with tf.device(strategy.input_device):
-                dataset = config.input_fn(
-                    model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
-                )
-                iterators[graph] = input_context.saved_iterator(trainer.without_autotune_thread(dataset))
-        features, labels = iterators[graph].get_next()
-        return model.training_loss(features, labels, config.regularization)
-
-    return loss_fn
-
-
-def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trainer.Built:
-    """A model_zoo replica's training graph in the current graph, placement planned from its shapes."""
-    strategy.plan_placement(config.model.build_variables)
-    return trainer.build(
-        strategy,
-        zoo_loss_fn(config, cluster, strategy),
-        config.optimizer,
-        config.check_numerics,
-        config.batch_size,
-        clip=Clip.of(config),
-    )
-
-
-def _run_ps(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    serve(cluster, config)
-    return 0
-
-
-def _run_replica(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    strategy = config.strategy(cluster)
-    strategy.plan_placement(config.model.build_variables)  # split large variables from shapes alone
-    train_replica(
-        strategy,
-        zoo_loss_fn(config, cluster, strategy),
-        config.optimizer,
-        steps=config.train_steps,
-        logdir=logdir,
-        settings=config,
-        batch_size=config.batch_size,
-        on_built=on_built,
-    )
-    return 0
-
-
-def _run_evaluator(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    """Evaluate each new checkpoint on the same batches of the eval input; stop after the last one."""
-    model = config.model
-    input_fn = config.eval_input_fn
-    if input_fn is None:
-        log.warning(
-            "evaluator: TrainConfig.eval_input_fn is not set, so it evaluates on the training input "
-            "(bind it to a held-out split for a held-out accuracy)"
-        )
-        input_fn = config.input_fn
-
-    def build_metrics():
-        dataset = input_fn(model, config.batch_size, 0, 1)
-        features, labels = v1.data.make_one_shot_iterator(dataset).get_next()
-        logits = model(features, training=False)
-        return {"loss": model.loss(logits, labels), "accuracy": model.accuracy(logits, labels)}
-
-    evaluation.evaluate_checkpoints(
-        logdir, build_metrics, config.eval_steps, config.train_steps, config.peer_wait_secs
-    )
-    return 0
-
-
-ROLES: dict[str, Callable[..., int]] = {
-    PS: _run_ps,
-    WORKER: _run_replica,
-    CHIEF: _run_replica,
-    LOCAL: _run_replica,
-    EVALUATOR: _run_evaluator,
-}
-
-
-def run(
-    cluster: Cluster,
-    config: TrainConfig,
-    logdir: str,
-    on_built: Callable[[], None] | None = None,
-) -> int:
-    """The whole life of one task; returns its exit code (errors raise DisttrainError)."""
-    config.validate()
-    preemption.install(config.preempt_secs)
-    set_process_threads(config.intra_op_threads, config.inter_op_threads)
-    return ROLES[cluster.task_type](cluster, config, logdir, on_built)
-
-
 def set_process_threads(intra: int, inter: int) -> None:
     """Size TF's process-wide thread pools, which a session's ConfigProto does not reach.
 
@@ -421,30 +330,6 @@ def set_process_threads(intra: int, inter: int) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError as e:  # the runtime already started in this process (user code, tests)
         log.warning("thread pools already created, TrainConfig thread counts apply per session only: %s", e)
-
-
-def dry_run(cluster: Cluster, config: TrainConfig) -> str:
-    """What this task would do, without starting a server: role, cluster, placement."""
-    config.validate()
-    lines = [f"role: {cluster.task_type}", cluster.describe()]
-    view = cluster
-    if cluster.task_type in (PS, EVALUATOR):
-        # Plan as the first replica would: a PS holds what the replicas place on it.
-        job, index = cluster.replica_jobs[0]
-        view = Cluster(jobs=cluster.jobs, task_type=job, task_index=index)
-    strategy = config.strategy(view)
-    lines.append(f"strategy: {type(strategy).__name__}, {strategy.num_towers} tower(s) per replica")
-    with tf.Graph().as_default():
-        built = build_zoo(view, config, strategy)
-    if strategy.plan is not None:
-        lines.append(placement.report(built.graph, view.num_ps, "placement plan (variables per PS)"))
-        for name, (axis, parts) in sorted(strategy.plan.parts.items()):
-            lines.append(f"  split {name} into {parts} parts along axis {axis}")
-        for task in range(view.num_ps):
-            names = sorted(n for n, t in strategy.plan.devices.items() if t == task)
-            more = f" (+{len(names) - 6} more)" if len(names) > 6 else ""
-            lines.append(f"  /job:ps/task:{task}: {', '.join(names[:6])}{more}")
-    return "\n".join(lines)
 
 
 def read_results(logdir: str) -> dict[str, dict]:

@@ -15,7 +15,7 @@ is C in the bound (bench.bound) and N x its rate is the ideal line.
 parses the gin files; this library never reads gin or flags). It is used to
 read the batch size, the log interval, the model's bytes (D, and R for a model
 with embedding tables, from its input pipeline: see `traffic.model_bytes`) and, by
-building the graph as `launch.dry_run` does, how many bytes each PS holds.
+building the graph as `zoo_run.dry_run` does, how many bytes each PS holds.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import launch, local, metrics, placement, strategies, traffic
+from disttrain import local, metrics, placement, strategies, traffic, zoo_run
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
@@ -138,11 +138,11 @@ class RunSpec:
 
 
 def ps_loads(config: TrainConfig, num_ps: int) -> list[int]:
-    """Bytes of variables each PS holds under config.strategy (as launch.dry_run builds it)."""
+    """Bytes of variables each PS holds under config.strategy (as zoo_run.dry_run builds it)."""
     jobs = {WORKER: ["localhost:1"], PS: [f"localhost:{i + 2}" for i in range(num_ps)]}
     view = Cluster(jobs=jobs, task_type=WORKER, task_index=0)
     with tf.Graph().as_default():
-        built = launch.build_zoo(view, config, config.strategy(view))
+        built = zoo_run.build_zoo(view, config, config.strategy(view))
     return placement.ps_loads(built.graph, num_ps, include_slots=False)
 
 

@@ -537,7 +537,3 @@ class Strategy(abc.ABC):
         if self.use_gpus:
             config.gpu_options.allow_growth = True
         return config
-
-    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.compat.v1.ConfigProto:
-        """Deprecated: `session_config()` (kept while launch.py still calls it)."""
-        return self.session_config(intra_op_threads, inter_op_threads)

@@ -11,7 +11,7 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import configurables, launch, placement, traffic
+from disttrain import configurables, placement, traffic, zoo_run
 from disttrain.bench import runner
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
@@ -74,11 +74,11 @@ def view(num_ps: int) -> Cluster:
 
 @pytest.mark.parametrize("run", RUNS, ids=str)
 def test_every_strategy_builds(run):
-    # The graph each run of the benchmark builds on worker 0, as `launch.dry_run` does.
+    # The graph each run of the benchmark builds on worker 0, as `zoo_run.dry_run` does.
     num_ps = 0 if run == "allreduce" else 2
     with parsed([DLRM, TINY], RUNS[run]) as config, tf.Graph().as_default():
         strategy = config.strategy(view(num_ps))
-        built = launch.build_zoo(view(num_ps), config, strategy)
+        built = zoo_run.build_zoo(view(num_ps), config, strategy)
     assert getattr(strategy, "overlap", False) == (run == "async_ps_overlap")
     if num_ps:
         loads = placement.ps_loads(built.graph, num_ps, include_slots=False)
@@ -89,7 +89,7 @@ def test_every_strategy_builds(run):
 def test_tf_default_splits_dlrm_tables_round_robin(num_ps):
     with parsed([DLRM, TINY], RUNS["tf_default"]) as config, tf.Graph().as_default():
         strategy = config.strategy(view(num_ps))
-        graph = launch.build_zoo(view(num_ps), config, strategy).graph
+        graph = zoo_run.build_zoo(view(num_ps), config, strategy).graph
     assert isinstance(strategy, TFDefault)
     tables = {f"dlrm/embedding_{c}/table" for c in range(3)}
     assert strategy.tables == tables

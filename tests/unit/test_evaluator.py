@@ -9,7 +9,7 @@ import time
 import gin
 import tensorflow as tf
 
-from disttrain import cli, launch
+from disttrain import cli, zoo_run
 from disttrain.cluster import EVALUATOR, Cluster
 from tests import REPO
 from tests.cluster.helpers import scalars
@@ -27,7 +27,7 @@ def tiny_config(steps: int):
 
 def train(steps: int, logdir: str) -> None:
     with tf.Graph().as_default():  # a task process builds one graph; here each run gets its own
-        assert launch.run(Cluster.local(), tiny_config(steps), logdir) == 0
+        assert zoo_run.run(Cluster.local(), tiny_config(steps), logdir) == 0
 
 
 def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, caplog):
@@ -50,7 +50,7 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
         return tf.data.Dataset.range(1000).map(batch)
 
     final = dataclasses.replace(tiny_config(4), eval_input_fn=held_out)
-    evaluator = threading.Thread(target=launch.run, args=(EVALUATOR_TASK, final, logdir))
+    evaluator = threading.Thread(target=zoo_run.run, args=(EVALUATOR_TASK, final, logdir))
     with caplog.at_level(logging.WARNING, logger="disttrain"):
         evaluator.start()
         train(2, logdir)  # a checkpoint at step 2
@@ -73,6 +73,6 @@ def test_without_eval_input_fn_the_evaluator_says_it_measures_training_data(tmp_
     train(2, str(tmp_path))
     config = tiny_config(2)
     with caplog.at_level(logging.WARNING, logger="disttrain"):
-        assert launch.run(EVALUATOR_TASK, config, str(tmp_path)) == 0
+        assert zoo_run.run(EVALUATOR_TASK, config, str(tmp_path)) == 0
     assert scalars(os.path.join(str(tmp_path), "eval"), "eval/loss")
     assert "evaluates on the training input" in caplog.text
