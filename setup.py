@@ -40,6 +40,8 @@ setup(
         "gpu": [f"tensorflow[and-cuda]=={TF}"],
         # The benchmark's plot; without it the benchmark writes its JSON and table and says so.
         "bench": ["matplotlib>=3.8,<4"],
+        # Time to accuracy on scikit-learn's digits (shipped with the package: no download).
+        "accuracy": ["scikit-learn>=1.3,<2"],
         # The test tools; the suite also checks the benchmark's plot, so the README's
         # test command installs .[cpu,bench,test].
         # keras: TensorFlow installs Keras 3 itself; the tests import it by name, so it is named here.
@@ -59,6 +61,7 @@ setup(
             "disttrain-benchmark=disttrain.scripts.benchmark:run",
             "disttrain-plan=disttrain.scripts.plan:run",
             "disttrain-link-probe=disttrain.scripts.link_probe:run",
+            "disttrain-accuracy=disttrain.scripts.accuracy:run",
         ]
     },
 )

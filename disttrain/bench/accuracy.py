@@ -1,0 +1,431 @@
+"""Time to accuracy: one model trained to a held-out target in one process and under each strategy.
+
+Every system trains the same model on the same training examples (the same
+budget of examples for all) from a real local cluster of `disttrain.fit`
+processes, and the chief measures held-out accuracy every `eval_every_steps`
+global steps, on the whole held-out set, with the live variables. Time runs
+from the start of the first step (start-up, from spawning the processes to
+that step, is reported apart) and excludes the chief's evaluations. A row
+gives the seconds and examples to the first evaluation at or above the
+target, and the last evaluation's accuracy.
+
+Tasks ship their data, no download at run time:
+- digits: scikit-learn's `load_digits` (1,797 8x8 images, 10 classes), a
+  held-out split fixed by seed, the zoo's MLP;
+- teacher: CIFAR-shaped images (24x24x3, the zoo's CIFAR-10 CNN crop):
+  seeded 8x8 blocks of colour plus pixel noise, labelled by a fixed teacher
+  (a random linear layer on the block colours), so the zoo's CIFAR-10 CNN
+  has something learnable at its real shapes.
+
+What this does not do: run TF 1's default layout or TF 2's own strategies
+(their benchmark programs implement the synthetic MLP and CIFAR-10 CNN only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+import disttrain
+from disttrain.local import free_port, task_env
+
+v1 = tf.compat.v1
+
+HELD_OUT_FILE = "heldout.jsonl"
+
+
+# ---- tasks: data that ships in a package, and the zoo model that learns it ----------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A dataset with a fixed held-out split and the zoo model trained on it."""
+
+    name: str
+    data: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # train x, y, held-out x, y
+    model: Callable[[], object]  # a model_zoo Model: model(features, training) -> logits
+    learning_rate: float  # momentum 0.9
+    batch_size: int  # per replica
+    target: float  # held-out accuracy
+    examples: int  # training examples per run, the same for every system
+    eval_every_steps: int
+    scale_learning_rate: bool = True  # linearly with the global batch, for sync systems
+
+
+def digits_data(seed: int = 0, held_out: int = 397):
+    """scikit-learn's digits (pixels scaled to [0, 1]); `held_out` images, chosen by `seed`, kept apart."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.RandomState(seed).permutation(len(digits.target))
+    x, y = (digits.data / 16.0).astype(np.float32)[order], digits.target.astype(np.int32)[order]
+    return x[held_out:], y[held_out:], x[:held_out], y[:held_out]
+
+
+def teacher_data(seed: int = 0, train: int = 8000, held_out: int = 1000, image_size: int = 24):
+    """CIFAR-shaped images labelled by a fixed teacher: a random linear layer on their 8x8 block means.
+
+    Each image is a grid of 8x8 blocks of one random colour each, plus pixel
+    noise of the same scale; the label is the argmax of a fixed random
+    linear map of the block colours.
+    """
+    rng = np.random.RandomState(seed)
+    blocks = image_size // 8
+    colours = rng.randn(train + held_out, blocks, 1, blocks, 1, 3)
+    x = np.broadcast_to(colours, (len(colours), blocks, 8, blocks, 8, 3)).reshape(
+        -1, image_size, image_size, 3
+    )
+    x = (x + rng.randn(*x.shape)).astype(np.float32)
+    teacher = rng.randn(blocks * blocks * 3, 10)
+    y = np.argmax(colours.reshape(len(colours), -1) @ teacher, axis=1).astype(np.int32)
+    return x[:train], y[:train], x[train:], y[train:]
+
+
+def _mlp():
+    from model_zoo.mlp import MLP
+
+    return MLP(64, (128,), 10)
+
+
+def _cifar10(width: int = 16):
+    from model_zoo.cifar10 import Cifar10
+
+    return Cifar10(image_size=24, num_classes=10, width=width)
+
+
+TASKS = {
+    "digits": Task("digits", digits_data, _mlp, 0.02, 32, target=0.95, examples=20000, eval_every_steps=25),
+    # The CIFAR-10 CNN collapsed to one class at 0.008 (2 sync workers' scaled rate) and at 0.01.
+    "teacher": Task(
+        "teacher",
+        teacher_data,
+        _cifar10,
+        0.004,
+        32,
+        target=0.6,
+        examples=40000,
+        eval_every_steps=50,
+        scale_learning_rate=False,
+    ),
+}
+
+
+# ---- systems: how many processes, which strategy --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One way of training: the strategy fit builds (None: one process alone), and whether it has a PS."""
+
+    strategy: Callable | None
+    uses_ps: bool = False
+    synchronous: bool = False
+    backup_workers: int = 0
+
+
+SYSTEMS = {
+    "one_process": System(None),
+    "async": System(disttrain.AsyncParameterServer, uses_ps=True),
+    "async_overlap": System(functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True),
+    "sync_ps": System(disttrain.SyncParameterServer, uses_ps=True, synchronous=True),
+    "sync_ps_backup": System(
+        functools.partial(disttrain.SyncParameterServer, backup_workers=1),
+        uses_ps=True,
+        synchronous=True,
+        backup_workers=1,
+    ),
+    "allreduce": System(disttrain.SyncAllReduce, synchronous=True),
+    "allreduce_bf16": System(
+        functools.partial(disttrain.SyncAllReduce, transfer_dtype="bfloat16"), synchronous=True
+    ),
+}
+
+
+def examples_per_step(system: System, workers: int, batch_size: int) -> int:
+    """Training examples behind one increment of the global step."""
+    if system.strategy is None or not system.synchronous:
+        return batch_size
+    return (workers - system.backup_workers) * batch_size
+
+
+def learning_rate(task: Task, system: System, workers: int) -> float:
+    """The task's rate, scaled linearly with the global batch for sync systems (Goyal et al. 2017).
+
+    Without a warm-up: a task whose model diverges at the scaled rate does not scale it.
+    """
+    if not task.scale_learning_rate:
+        return task.learning_rate
+    return task.learning_rate * examples_per_step(system, workers, task.batch_size) / task.batch_size
+
+
+# ---- in each task process -----------------------------------------------------------------------
+
+
+def train_process(task: str, system: str, workers: int, examples: int, eval_every_steps: int, logdir: str):
+    """One task's life under `disttrain.fit` (any role; TF_CONFIG says which), with held-out evaluation."""
+    spec, how = TASKS[task], SYSTEMS[system]
+    train_x, train_y, held_x, held_y = spec.data()
+    model = spec.model()
+    batch = spec.batch_size
+
+    def loss_fn(ctx):
+        data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
+        data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
+        features, labels = ctx.get_next(data.repeat().batch(batch, drop_remainder=True))
+        return model.loss(model(features, training=True), labels)
+
+    per_step = examples_per_step(how, workers, batch)
+    rate = learning_rate(spec, how, workers)
+    hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
+    disttrain.fit(
+        loss_fn,
+        lambda: v1.train.MomentumOptimizer(rate, 0.9),
+        steps=max(1, examples // per_step),
+        logdir=logdir,
+        strategy=how.strategy,
+        batch_size=batch,
+        hooks=[hook],
+        log_every_steps=100,
+        save_checkpoint_steps=10**9,
+    )
+
+
+class HeldOutHook(v1.train.SessionRunHook):
+    """On the chief: held-out accuracy every `every` global steps, with the live variables.
+
+    Writes one JSON line per evaluation: global step, examples, seconds since
+    the first step began (evaluations excluded), accuracy, and the wall time
+    that step began (for the start-up figure).
+    """
+
+    def __init__(self, model, x, y, every: int, per_step: int, path: str):
+        self._model, self._x, self._y = model, x, y
+        self._every, self._per_step, self._path = every, per_step, path
+
+    def begin(self):
+        self._active = disttrain.Cluster.from_env().is_chief
+        if not self._active:
+            return
+        self._step = v1.train.get_global_step()
+        self._features = v1.placeholder(tf.float32, (None,) + self._x.shape[1:])
+        self._labels = v1.placeholder(tf.int32, (None,))
+        with v1.variable_scope(v1.get_variable_scope(), reuse=True), tf.name_scope("heldout"):
+            logits = self._model(self._features, training=False)
+        self._correct = tf.reduce_sum(
+            tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), self._labels), tf.int32)
+        )
+        self._t0 = self._first_wall = None
+        self._eval_secs, self._next, self._last = 0.0, self._every, -1
+
+    def before_run(self, run_context):
+        if self._active and self._t0 is None:
+            self._t0, self._first_wall = time.perf_counter(), time.time()
+        return v1.train.SessionRunArgs(self._step) if self._active else None
+
+    def after_run(self, run_context, run_values):
+        if self._active and run_values.results >= self._next:
+            self._evaluate(run_context.session, int(run_values.results))
+            self._next = (run_values.results // self._every + 1) * self._every
+
+    def end(self, session):
+        if self._active and self._t0 is not None:
+            self._evaluate(session, int(session.run(self._step)))
+
+    def _evaluate(self, session, step: int):
+        if step == self._last:
+            return
+        began = time.perf_counter()
+        seconds = began - self._t0 - self._eval_secs  # training time only
+        feeds = [
+            {self._features: self._x[i : i + 500], self._labels: self._y[i : i + 500]}
+            for i in range(0, len(self._y), 500)
+        ]
+        correct = sum(session.run(self._correct, feed) for feed in feeds)
+        self._eval_secs += time.perf_counter() - began
+        row = {
+            "global_step": step,
+            "examples": step * self._per_step,
+            "seconds": seconds,
+            "accuracy": correct / len(self._y),
+            "first_step_wall": self._first_wall,
+        }
+        with open(self._path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self._last = step
+
+
+# ---- the launcher -------------------------------------------------------------------------------
+
+
+def run_system(
+    task: str,
+    system: str,
+    workers: int,
+    logdir: str,
+    examples: int | None = None,
+    eval_every_steps: int | None = None,
+    target: float | None = None,
+    timeout: float = 600,
+) -> dict:
+    """Train `task` under `system` on a local cluster of real processes; its row of the report.
+
+    examples, eval_every_steps, target: None takes the task's.
+    """
+    spec = TASKS[task]
+    examples = examples or spec.examples
+    eval_every_steps = eval_every_steps or spec.eval_every_steps
+    how = SYSTEMS[system]
+    os.makedirs(logdir, exist_ok=True)
+    cluster: dict[str, list[str]] = {}
+    if how.strategy is not None:
+        cluster["worker"] = [f"127.0.0.1:{free_port()}" for _ in range(workers)]
+        if how.uses_ps:
+            cluster["ps"] = [f"127.0.0.1:{free_port()}"]
+    args = dict(
+        task=task, system=system, workers=workers, examples=examples, eval_every_steps=eval_every_steps
+    )
+    args["logdir"] = logdir
+    code = f"from disttrain.bench.accuracy import train_process; train_process(**{args!r})"
+    base = task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    tasks = [(job, i) for job in cluster for i in range(len(cluster[job]))] or [("local", 0)]
+    spawned = time.time()
+    procs = []
+    for job, i in tasks:
+        env = dict(base)
+        if cluster:
+            env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": i}})
+        log = open(os.path.join(logdir, f"{job}_{i}.log"), "w")
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT)
+        )
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    curve = read_curve(logdir)
+    return summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
+
+
+def read_curve(logdir: str) -> list[dict]:
+    path = os.path.join(logdir, HELD_OUT_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize(
+    task: str, system: str, workers: int, curve: list[dict], spawned: float, codes, target: float
+) -> dict:
+    """A report row: seconds and examples to the target, final accuracy; `failed` says why not."""
+    row = {"task": task, "system": system, "workers": workers if system != "one_process" else 1}
+    row["target"] = target
+    row["curve"] = [(c["seconds"], c["examples"], c["accuracy"]) for c in curve]
+    if codes is None or any(codes):
+        row["failed"] = f"exit codes {codes}" if codes else "timed out"
+        return row
+    if len(curve) < 2 or curve[-1]["global_step"] <= curve[0]["global_step"]:
+        row["failed"] = "did not train: the global step did not move between evaluations"
+        return row
+    if max(c["accuracy"] for c in curve) <= 0.2:
+        row["failed"] = f"did not train: held-out accuracy stayed at {curve[-1]['accuracy']:.3f}"
+        return row
+    reached = next((c for c in curve if c["accuracy"] >= target), None)
+    row.update(
+        startup_secs=round(curve[0]["first_step_wall"] - spawned, 2),
+        secs_to_target=None if reached is None else round(reached["seconds"], 2),
+        examples_to_target=None if reached is None else reached["examples"],
+        final_accuracy=curve[-1]["accuracy"],
+        final_examples=curve[-1]["examples"],
+        train_secs=round(curve[-1]["seconds"], 2),
+    )
+    return row
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def one_line(row: dict) -> str:
+    if "failed" in row:
+        return f"failed: {row['failed']}"
+    secs = row["secs_to_target"]
+    reached = "not reached" if secs is None else f"{secs:.1f} s and {row['examples_to_target']} examples"
+    return (
+        f"start-up {row['startup_secs']:.1f} s; target {row['target']} {reached}; "
+        f"final held-out accuracy {row['final_accuracy']:.4f} after {row['final_examples']} examples, "
+        f"{row['train_secs']:.1f} s"
+    )
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table of the rows, with each system's time to target against one process's."""
+    reference = {
+        (r["task"]): r.get("secs_to_target")
+        for r in rows
+        if r["system"] == "one_process" and "failed" not in r
+    }
+    lines = [
+        "| task | system | workers | start-up s | s to target | x one process | examples to target | "
+        "final held-out acc. | vs one process (points) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    finals = {r["task"]: r.get("final_accuracy") for r in rows if r["system"] == "one_process"}
+    for r in rows:
+        if "failed" in r:
+            lines.append(
+                f"| {r['task']} | {r['system']} | {r['workers']} | failed: {r['failed']} | | | | | |"
+            )
+            continue
+        ref, secs = reference.get(r["task"]), r["secs_to_target"]
+        ratio = f"{secs / ref:.2f}" if ref and secs is not None else "-"
+        base = finals.get(r["task"])
+        delta = f"{100 * (r['final_accuracy'] - base):+.1f}" if base is not None else "-"
+        lines.append(
+            f"| {r['task']} | {r['system']} | {r['workers']} | {r['startup_secs']:.1f} | "
+            f"{'-' if secs is None else f'{secs:.1f}'} | {ratio} | "
+            f"{r['examples_to_target'] if r['examples_to_target'] is not None else 'not reached'} | "
+            f"{r['final_accuracy']:.4f} | {delta} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> str | None:
+    """Held-out accuracy against seconds since the first step, per system; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for r in rows:
+            if r["task"] == task and r["curve"]:
+                secs, _, acc = zip(*r["curve"], strict=True)
+                ax.plot(secs, acc, marker=".", label=f"{r['system']} ({r['workers']})")
+        ax.axhline(
+            next(r["target"] for r in rows if r["task"] == task), color="grey", linestyle="--", linewidth=0.8
+        )
+        ax.set(title=f"{task}: held-out accuracy", xlabel="seconds since the first step", ylabel="accuracy")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,97 @@
+"""Time to accuracy: train to a held-out target in one process and under disttrain's strategies.
+
+    disttrain-accuracy --tasks=digits --workers=2 --out=/tmp/accuracy/digits.json
+    disttrain-accuracy --tasks=teacher --workers=2,4 --systems=one_process,async,sync_ps,allreduce \\
+        --examples=40000 --out=/tmp/accuracy/teacher.json
+
+Every system trains the task's zoo model on the same examples (a budget of
+--examples for all) on a local cluster of real processes; the chief measures
+held-out accuracy every --eval_every_steps global steps. Prints one row per
+system (start-up, seconds and examples to the target, final held-out
+accuracy and its difference from one process's), writes the JSON report
+(--out) and a plot of held-out accuracy against time next to it. Tasks:
+digits (scikit-learn's, the `accuracy` extra), teacher (CIFAR-shaped, labels
+from a fixed teacher). `python bin/accuracy.py ...` is the same from a checkout.
+Exits non-zero if a run failed or did not train.
+"""
+
+import json
+import os
+import time
+
+from absl import flags
+
+from disttrain import cli, scripts
+from disttrain.bench import accuracy
+
+flags.DEFINE_list("tasks", ["digits"], f"Tasks, of {sorted(accuracy.TASKS)}.")
+flags.DEFINE_list(
+    "systems",
+    ["one_process", "async", "async_overlap", "sync_ps", "allreduce"],
+    f"Systems, of {sorted(accuracy.SYSTEMS)}.",
+)
+flags.DEFINE_list("workers", ["2"], "Worker counts (one_process runs once per task).")
+flags.DEFINE_integer("examples", None, "Training examples per run (default: the task's budget).")
+flags.DEFINE_integer(
+    "eval_every_steps", None, "Global steps between held-out evaluations (default: the task's)."
+)
+flags.DEFINE_float("target", None, "Held-out accuracy target (default: the task's).")
+flags.DEFINE_float("run_timeout", 600, "Seconds before a run fails.")
+flags.DEFINE_string(
+    "logdir", None, "Every run's logs (default: a new directory under /tmp/disttrain_accuracy)."
+)
+flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag")
+    for name, values, known in (
+        ("tasks", FLAGS.tasks, accuracy.TASKS),
+        ("systems", FLAGS.systems, accuracy.SYSTEMS),
+    ):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            cli.fail(f"--{name}: unknown {unknown}; known: {', '.join(sorted(known))}")
+    try:
+        workers = [int(w) for w in FLAGS.workers]
+    except ValueError:
+        cli.fail(f"--workers={','.join(FLAGS.workers)}: expected integers, e.g. --workers=2,4")
+    logdir = FLAGS.logdir or os.path.join("/tmp/disttrain_accuracy", time.strftime("%Y%m%d-%H%M%S"))
+    rows = []
+    for task in FLAGS.tasks:
+        for system in FLAGS.systems:
+            for n in [1] if system == "one_process" else workers:
+                run_dir = os.path.join(logdir, task, f"{system}_{n}")
+                print(f"{task}: {system}, {n} worker(s) ...", flush=True)
+                row = accuracy.run_system(
+                    task,
+                    system,
+                    n,
+                    examples=FLAGS.examples,
+                    eval_every_steps=FLAGS.eval_every_steps,
+                    target=FLAGS.target,
+                    logdir=run_dir,
+                    timeout=FLAGS.run_timeout,
+                )
+                rows.append(row)
+                print("  " + accuracy.one_line(row), flush=True)
+    print()
+    print(accuracy.table(rows))
+    if FLAGS.out:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+        with open(FLAGS.out, "w") as f:
+            json.dump({"logdir": logdir, "rows": rows}, f, indent=1)
+        print(f"report: {FLAGS.out}")
+        png = accuracy.plot(rows, os.path.splitext(FLAGS.out)[0] + ".png")
+        print(f"plot: {png}" if png else "plot: none (matplotlib missing: install the bench extra)")
+    return 1 if any("failed" in r for r in rows) else 0
+
+
+def run():
+    scripts.run(main)
+
+
+if __name__ == "__main__":
+    run()

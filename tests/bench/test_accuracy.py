@@ -1,0 +1,142 @@
+"""The time-to-accuracy tool: its data, its arithmetic, its report; and bin/accuracy.py end to end, tiny."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from disttrain.bench import accuracy
+from tests import REPO
+
+ACCURACY = os.path.join(REPO, "bin", "accuracy.py")
+
+
+def curve(*points, step_every=10, per_step=32, wall=1000.0):
+    """Evaluation rows as the chief writes them: (seconds, accuracy) every `step_every` steps."""
+    return [
+        {
+            "global_step": (i + 1) * step_every,
+            "examples": (i + 1) * step_every * per_step,
+            "seconds": secs,
+            "accuracy": acc,
+            "first_step_wall": wall,
+        }
+        for i, (secs, acc) in enumerate(points)
+    ]
+
+
+def test_examples_per_step_counts_the_replicas_a_sync_step_waits_for():
+    s = accuracy.SYSTEMS
+    assert accuracy.examples_per_step(s["one_process"], 1, 32) == 32
+    assert accuracy.examples_per_step(s["async"], 4, 32) == 32  # one replica's update per global step
+    assert accuracy.examples_per_step(s["sync_ps"], 4, 32) == 128
+    assert accuracy.examples_per_step(s["sync_ps_backup"], 4, 32) == 96
+    assert accuracy.examples_per_step(s["allreduce_bf16"], 2, 32) == 64
+
+
+def test_learning_rate_scales_with_the_global_batch_only_where_the_task_says():
+    digits, teacher, s = accuracy.TASKS["digits"], accuracy.TASKS["teacher"], accuracy.SYSTEMS
+    assert accuracy.learning_rate(digits, s["sync_ps"], 2) == pytest.approx(2 * digits.learning_rate)
+    assert accuracy.learning_rate(digits, s["async"], 2) == digits.learning_rate
+    assert accuracy.learning_rate(teacher, s["allreduce"], 4) == teacher.learning_rate
+
+
+def test_summary_gives_time_and_examples_to_the_first_evaluation_at_the_target():
+    row = accuracy.summarize(
+        "digits", "sync_ps", 2, curve((0.5, 0.6), (1.0, 0.96), (1.5, 0.94)), 990.0, [0, 0, 0], 0.95
+    )
+    assert row["startup_secs"] == 10.0
+    assert (row["secs_to_target"], row["examples_to_target"]) == (1.0, 640)
+    assert row["final_accuracy"] == 0.94 and row["final_examples"] == 960
+    assert "failed" not in row
+
+
+def test_a_run_that_did_not_train_or_failed_is_never_a_row():
+    flat = curve((0.5, 0.1), (1.0, 0.1), (1.5, 0.1))
+    assert "did not train" in accuracy.summarize("digits", "async", 2, flat, 0, [0, 0], 0.95)["failed"]
+    still = curve((0.5, 0.9), (1.0, 0.9))
+    still[1]["global_step"] = still[0]["global_step"]
+    assert "did not train" in accuracy.summarize("digits", "async", 2, still, 0, [0, 0], 0.95)["failed"]
+    ok = curve((0.5, 0.6), (1.0, 0.96))
+    assert accuracy.summarize("digits", "async", 2, ok, 0, [0, 1], 0.95)["failed"] == "exit codes [0, 1]"
+    assert accuracy.summarize("digits", "async", 2, ok, 0, None, 0.95)["failed"] == "timed out"
+
+
+def test_table_compares_each_system_with_one_process():
+    rows = [
+        accuracy.summarize("digits", "one_process", 1, curve((1.0, 0.96), (2.0, 0.97)), 990, [0], 0.95),
+        accuracy.summarize("digits", "allreduce", 2, curve((1.5, 0.9), (3.0, 0.965)), 990, [0, 0], 0.95),
+    ]
+    text = accuracy.table(rows)
+    assert "| digits | allreduce | 2 | 10.0 | 3.0 | 3.00 | 640 | 0.9650 | -0.5 |" in text, text
+
+
+def test_teacher_data_is_fixed_and_every_class_is_there():
+    x, y, hx, hy = accuracy.teacher_data(train=2000, held_out=500)
+    assert x.shape == (2000, 24, 24, 3) and hx.shape == (500, 24, 24, 3)
+    assert np.bincount(y, minlength=10).min() > 50
+    np.testing.assert_array_equal(accuracy.teacher_data(train=2000, held_out=500)[1], y)
+
+
+def test_digits_held_out_split_is_fixed_and_apart():
+    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
+    x, y, hx, hy = accuracy.digits_data()
+    assert len(y) + len(hy) == 1797 and len(hy) == 397
+    assert x.shape[1] == 64 and 0 <= x.min() and x.max() <= 1
+    again = accuracy.digits_data()
+    np.testing.assert_array_equal(again[3], hy)
+    train_rows = {row.tobytes() for row in x}
+    assert sum(row.tobytes() in train_rows for row in hx) < 5  # load_digits has a few duplicate images
+
+
+def test_plot_draws_every_system(tmp_path):
+    pytest.importorskip("matplotlib", reason="the `bench` extra")
+    rows = [
+        accuracy.summarize("digits", "one_process", 1, curve((1.0, 0.96), (2.0, 0.97)), 990, [0], 0.95),
+        accuracy.summarize("digits", "async", 2, curve((1.5, 0.9), (3.0, 0.965)), 990, [0, 0], 0.95),
+    ]
+    path = accuracy.plot(rows, str(tmp_path / "plot.png"))
+    assert path and os.path.getsize(path) > 10_000
+
+
+@pytest.mark.cluster
+def test_accuracy_command_end_to_end_on_digits(tmp_path):
+    """One process and sync PS with 2 workers on digits, a small budget: a JSON report, a plot, a table."""
+    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
+    out = tmp_path / "digits.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            ACCURACY,
+            "--tasks=digits",
+            "--systems=one_process,sync_ps",
+            "--workers=2",
+            "--examples=8000",
+            f"--logdir={tmp_path / 'runs'}",
+            f"--out={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["system"], row["workers"]) for row in rows] == [("one_process", 1), ("sync_ps", 2)]
+    for row in rows:
+        assert row["final_examples"] >= 7900 and row["final_accuracy"] > 0.8, row
+    assert "| digits | sync_ps | 2 |" in r.stdout
+    assert (tmp_path / "digits.png").exists()
+
+
+def test_unknown_system_is_named_with_the_known_ones():
+    r = subprocess.run(
+        [sys.executable, ACCURACY, "--systems=one_process,horovod"], capture_output=True, text=True, cwd=REPO
+    )
+    assert r.returncode != 0
+    assert "unknown ['horovod']" in r.stderr and "allreduce" in r.stderr
