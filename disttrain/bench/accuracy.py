@@ -41,6 +41,7 @@ from disttrain.local import free_port, task_env
 v1 = tf.compat.v1
 
 HELD_OUT_FILE = "heldout.jsonl"
+MOMENTUM = 0.9
 
 
 # ---- tasks: data that ships in a package, and the zoo model that learns it ----------------------
@@ -53,7 +54,7 @@ class Task:
     name: str
     data: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]  # train x, y, held-out x, y
     model: Callable[[], object]  # a model_zoo Model: model(features, training) -> logits
-    learning_rate: float  # momentum 0.9
+    learning_rate: float  # at momentum MOMENTUM
     batch_size: int  # per replica
     target: float  # held-out accuracy
     examples: int  # training examples per run, the same for every system
@@ -130,12 +131,19 @@ class System:
     uses_ps: bool = False
     synchronous: bool = False
     backup_workers: int = 0
+    # Staleness handled: a lower momentum at the same effective rate, rate / (1 - momentum).
+    # Asynchrony adds momentum of its own (Mitliagkas et al. 2016, arXiv 1605.09774).
+    momentum: float = MOMENTUM
 
 
 SYSTEMS = {
     "one_process": System(None),
     "async": System(disttrain.AsyncParameterServer, uses_ps=True),
     "async_overlap": System(functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True),
+    "async_low_momentum": System(disttrain.AsyncParameterServer, uses_ps=True, momentum=0.5),
+    "async_overlap_low_momentum": System(
+        functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True, momentum=0.5
+    ),
     "sync_ps": System(disttrain.SyncParameterServer, uses_ps=True, synchronous=True),
     "sync_ps_backup": System(
         functools.partial(disttrain.SyncParameterServer, backup_workers=1),
@@ -160,11 +168,13 @@ def examples_per_step(system: System, workers: int, batch_size: int) -> int:
 def learning_rate(task: Task, system: System, workers: int) -> float:
     """The task's rate, scaled linearly with the global batch for sync systems (Goyal et al. 2017).
 
-    Without a warm-up: a task whose model diverges at the scaled rate does not scale it.
+    Without a warm-up: a task whose model diverges at the scaled rate does not scale it. A system
+    with a lower momentum keeps the task's effective rate, rate / (1 - momentum).
     """
+    rate = task.learning_rate * (1 - system.momentum) / (1 - MOMENTUM)
     if not task.scale_learning_rate:
-        return task.learning_rate
-    return task.learning_rate * examples_per_step(system, workers, task.batch_size) / task.batch_size
+        return rate
+    return rate * examples_per_step(system, workers, task.batch_size) / task.batch_size
 
 
 # ---- in each task process -----------------------------------------------------------------------
@@ -188,7 +198,7 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
     hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
     disttrain.fit(
         loss_fn,
-        lambda: v1.train.MomentumOptimizer(rate, 0.9),
+        lambda: v1.train.MomentumOptimizer(rate, how.momentum),
         steps=max(1, examples // per_step),
         logdir=logdir,
         strategy=how.strategy,

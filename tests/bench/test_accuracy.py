@@ -43,7 +43,10 @@ def test_learning_rate_scales_with_the_global_batch_only_where_the_task_says():
     digits, teacher, s = accuracy.TASKS["digits"], accuracy.TASKS["teacher"], accuracy.SYSTEMS
     assert accuracy.learning_rate(digits, s["sync_ps"], 2) == pytest.approx(2 * digits.learning_rate)
     assert accuracy.learning_rate(digits, s["async"], 2) == digits.learning_rate
-    assert accuracy.learning_rate(teacher, s["allreduce"], 4) == teacher.learning_rate
+    assert accuracy.learning_rate(teacher, s["allreduce"], 4) == pytest.approx(teacher.learning_rate)
+    # Lower momentum, same effective rate: rate / (1 - momentum) is the task's.
+    low = accuracy.learning_rate(digits, s["async_overlap_low_momentum"], 2)
+    assert low / (1 - 0.5) == pytest.approx(digits.learning_rate / (1 - accuracy.MOMENTUM))
 
 
 def test_summary_gives_time_and_examples_to_the_first_evaluation_at_the_target():
