@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from disttrain import preemption
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse
 from disttrain.strategies.ps import PsStrategy
@@ -343,10 +344,10 @@ class _Aggregator(v1.train.SessionRunHook):
 
     def _run(self, session, coord, nonce: int):
         ops = self._ops
+        arrived: set[int] = set()
         try:
             session.run(ops.reset)
             step = int(session.run(ops.step))
-            arrived: set[int] = set()
             while True:
                 replica, tag = (int(x) for x in session.run(ops.report))
                 if replica < 0:
@@ -369,8 +370,16 @@ class _Aggregator(v1.train.SessionRunHook):
             if not coord.should_stop():
                 coord.request_stop(e)
         finally:
+            # Preempted, the chief leaves the queues open: a closed queue outlives it on the PS,
+            # and the replicas would take it for the end of training. The replicas whose reports
+            # it had counted redo their step (fresh values) and report to its successor.
             try:
-                session.run(ops.close, options=v1.RunOptions(timeout_in_ms=5000))
+                if preemption.requested():
+                    session.run(
+                        [ops.release[r] for r in sorted(arrived)], options=v1.RunOptions(timeout_in_ms=5000)
+                    )
+                else:
+                    session.run(ops.close, options=v1.RunOptions(timeout_in_ms=5000))
             except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
                 log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
             log.info(

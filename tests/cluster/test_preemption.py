@@ -135,3 +135,25 @@ def test_sigterm_to_a_ps_stops_every_replica_after_the_chief_checkpoints_and_los
     assert restored == saved, (restored, saved)  # zero steps lost
     after = steps_after_restart(cluster.chief_task.log_path, f"model.ckpt-{restored}")
     assert after and min(after) >= saved
+
+
+def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tmp_path):
+    # The chief's aggregator once closed the token queues on its way out: the other replica took
+    # that for the end of training and the run ended with exit 0 at the step of the signal.
+    params = ["TrainConfig.train_steps=1500", "TrainConfig.log_every_steps=25", *BY_STEPS]
+    cluster = LocalCluster(
+        ["gin/mlp_sync.gin", TINY],
+        str(tmp_path / "logdir"),
+        num_ps=1,
+        num_workers=2,
+        gin_params=params,
+        max_restarts=1,
+    ).start()
+    chief = cluster.chief_task
+    at, codes = signal_mid_run(cluster, chief, signal.SIGTERM, after=r"step [1-9]\d\d ")
+    assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
+    log = open(chief.log_path).read()
+    saved = int(re.search(r"preempted: checkpointing at global step (\d+)", log).group(1))
+    adopted = int(re.search(r"adopting the PS tasks' live state at global step (\d+)", log).group(1))
+    assert saved >= at and adopted == saved, (at, saved, adopted)  # sync: nobody stepped meanwhile
+    assert read_results(cluster.logdir)["worker_0"]["global_step"] >= 1500
