@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from disttrain.local import free_port
 from tests.cluster.helpers import wait_for_line
-from tests.cluster.test_own_model import logs, run_all, start
+from tests.cluster.test_own_model import logs, run_all, start, start_all
 
 pytestmark = pytest.mark.cluster
 
@@ -115,11 +115,7 @@ def ids_read(tmp_path) -> tuple[collections.Counter, dict[tuple[str, str], list[
 @pytest.mark.parametrize("strategy", ["AsyncParameterServer", "SyncParameterServer", "SyncAllReduce"])
 def test_every_id_is_read_exactly_once_per_epoch(tmp_path, strategy):
     path, cluster = setup(tmp_path, strategy)
-    procs = {
-        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(path, tmp_path, cluster)
     codes = run_all(procs, tmp_path)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     counts, by_pipeline = ids_read(tmp_path)
@@ -132,11 +128,7 @@ def test_every_id_is_read_exactly_once_per_epoch(tmp_path, strategy):
 
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
     path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001)
-    procs = {
-        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(path, tmp_path, cluster)
     task_dir = tmp_path / "logdir" / "tasks" / "worker_1"
     try:
         # Killed once it has saved a position and read more since.

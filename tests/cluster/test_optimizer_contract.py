@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.cluster.test_own_model import cluster_of, logs, run_all, start
-from tests.unit.test_optimizer_contract import CLIP, LR
+from tests.cluster.test_own_model import cluster_of, logs, run_all, start_all
+from tests.unit.test_optimizer_contract import CLIP, LR, one_process_clipped
 
 pytestmark = pytest.mark.cluster
 
@@ -85,11 +85,7 @@ def run(tmp_path, mode: str, optimizer: str) -> dict[str, np.ndarray]:
         SCRIPT.format(clip=CLIP, optimizer=optimizer, lr=LR, steps=STEPS, logdir=logdir, strategy=MODES[mode])
     )
     cluster = cluster_of("allreduce" if mode == "allreduce" else "async")
-    procs = {
-        f"{job}_{i}": start(str(path), tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(str(path), tmp_path, cluster)
     codes = run_all(procs, tmp_path)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     reader = tf.train.load_checkpoint(str(logdir))
@@ -97,23 +93,14 @@ def run(tmp_path, mode: str, optimizer: str) -> dict[str, np.ndarray]:
     return {name: reader.get_tensor(name) for name in ("w", "table")}
 
 
-def one_process_clipped() -> dict[str, np.ndarray]:
+def model_loss():
+    """SCRIPT's loss_fn, in this process."""
     v1 = tf.compat.v1
-    with tf.Graph().as_default():
-        x = tf.constant(np.linspace(-1, 1, 8 * 64, dtype=np.float32).reshape(8, 64))
-        w = v1.get_variable("w", [64, 32], initializer=v1.constant_initializer(0.1))
-        table = v1.get_variable("table", [40, 32], initializer=v1.constant_initializer(0.2))
-        rows = tf.nn.embedding_lookup(table, [1, 3, 3, 7])
-        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0)) + tf.reduce_mean(tf.square(rows - 1.0))
-        optimizer = v1.train.GradientDescentOptimizer(LR)
-        pairs = [(g, v) for g, v in optimizer.compute_gradients(loss) if g is not None]
-        clipped, _ = tf.clip_by_global_norm([g for g, _ in pairs], CLIP)
-        train_op = optimizer.apply_gradients(list(zip(clipped, [v for _, v in pairs], strict=True)))
-        with v1.Session() as session:
-            session.run(v1.global_variables_initializer())
-            for _ in range(STEPS):
-                session.run(train_op)
-            return {"w": session.run(w), "table": session.run(table)}
+    x = tf.constant(np.linspace(-1, 1, 8 * 64, dtype=np.float32).reshape(8, 64))
+    w = v1.get_variable("w", [64, 32], initializer=v1.constant_initializer(0.1))
+    table = v1.get_variable("table", [40, 32], initializer=v1.constant_initializer(0.2))
+    rows = tf.nn.embedding_lookup(table, [1, 3, 3, 7])
+    return tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0)) + tf.reduce_mean(tf.square(rows - 1.0))
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -125,7 +112,7 @@ def test_a_zeroing_wrapper_leaves_every_variable_as_it_was(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["async_pieces", "sync_pieces", "allreduce"])
 def test_a_clipping_wrapper_gives_one_process_clipped_update(tmp_path, mode):
-    reference = one_process_clipped()
+    reference = one_process_clipped(model_loss, steps=STEPS)
     values = run(tmp_path, mode, "Clipping")
     for name in ("w", "table"):
         np.testing.assert_allclose(values[name], reference[name], rtol=1e-5, atol=1e-6)

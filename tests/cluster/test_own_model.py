@@ -71,6 +71,15 @@ def start(path, tmp_path, cluster, job, index, tag="") -> subprocess.Popen:
     )
 
 
+def start_all(path, tmp_path, cluster) -> dict[str, subprocess.Popen]:
+    """Every task of `cluster` running the script at `path`, by '<job>_<index>'."""
+    return {
+        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
+        for job in cluster
+        for i in range(len(cluster[job]))
+    }
+
+
 def run_all(procs, tmp_path, timeout=240) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     try:
@@ -114,11 +123,7 @@ def test_example_trains_in_one_process(tmp_path, example):
 def test_example_trains_on_a_real_cluster_and_every_task_exits_0(tmp_path, example, strategy):
     path = script(tmp_path, example, strategy)
     cluster = cluster_of(strategy)
-    procs = {
-        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(path, tmp_path, cluster)
     codes = run_all(procs, tmp_path)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     text = logs(tmp_path)
@@ -138,11 +143,7 @@ def test_file_reading_example_trains_sharded_and_an_evaluator_measures_it(tmp_pa
         tmp_path, "files", strategy, steps=30, extra=", save_checkpoint_steps=10, log_every_steps=10"
     )
     cluster = {**cluster_of(strategy), "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
-    procs = {
-        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(path, tmp_path, cluster)
     procs["evaluator_0"] = start(path, tmp_path, cluster, "evaluator", 0)
     codes = run_all(procs, tmp_path)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))

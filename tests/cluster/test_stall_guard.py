@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from disttrain.errors import EXIT_STALLED
-from tests.cluster.test_own_model import cluster_of, logs, run_all, start
+from tests.cluster.test_own_model import cluster_of, logs, run_all, start, start_all
 
 pytestmark = pytest.mark.cluster
 
@@ -71,11 +71,7 @@ def test_one_process_stops_when_its_step_never_moves(tmp_path):
 def test_a_replica_of_a_cluster_stops_naming_its_strategy(tmp_path, strategy):
     cluster = cluster_of(strategy)
     path = broken_script(tmp_path, strategy)
-    procs = {
-        f"{job}_{i}": start(path, tmp_path, cluster, job, i)
-        for job in cluster
-        for i in range(len(cluster[job]))
-    }
+    procs = start_all(path, tmp_path, cluster)
     replicas = {name: p for name, p in procs.items() if not name.startswith("ps")}
     try:
         codes = run_all(replicas, tmp_path, timeout=180)

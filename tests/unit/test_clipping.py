@@ -15,7 +15,7 @@ import tensorflow as tf
 from disttrain import AsyncParameterServer, Cluster, RunSettings
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.errors import ConfigError
-from tests.unit.test_optimizer_contract import CLIP, LR, MODES, STEPS, loss_fn
+from tests.unit.test_optimizer_contract import CLIP, LR, MODES, STEPS, loss_fn, one_process_clipped
 
 v1 = tf.compat.v1
 
@@ -34,28 +34,13 @@ def train(strategy, clip: Clip) -> dict[str, np.ndarray]:
             return {v.op.name: session.run(v) for v in v1.global_variables() if v.op.name in ("w", "table")}
 
 
-def one_process_clipped() -> dict[str, np.ndarray]:
-    """Plain TF: the gradient made dense (its true norm), clipped by hand."""
-    with tf.Graph().as_default():
-        loss = loss_fn()
-        optimizer = v1.train.GradientDescentOptimizer(LR)
-        pairs = [(tf.convert_to_tensor(g), v) for g, v in optimizer.compute_gradients(loss) if g is not None]
-        clipped, _ = tf.clip_by_global_norm([g for g, _ in pairs], CLIP)
-        train_op = optimizer.apply_gradients(list(zip(clipped, [v for _, v in pairs], strict=True)))
-        with v1.Session() as session:
-            session.run(v1.global_variables_initializer())
-            for _ in range(STEPS):
-                session.run(train_op)
-            return {v.op.name: session.run(v) for v in v1.global_variables()}
-
-
 @pytest.mark.parametrize("where", ["replica", "aggregate"])
 @pytest.mark.parametrize("towers", [1, 2])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_clip_norm_gives_one_process_clipped_update(mode, towers, where):
     if where == "aggregate" and mode.startswith("async"):
         pytest.skip("async has no aggregate (test_async_refuses_to_clip_an_aggregate)")
-    reference = one_process_clipped()
+    reference = one_process_clipped(densify=True)
     values = train(MODES[mode](towers), Clip(CLIP, where))
     for name in ("w", "table"):
         np.testing.assert_allclose(values[name], reference[name], rtol=1e-5, atol=1e-7)

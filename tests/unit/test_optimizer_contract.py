@@ -73,17 +73,24 @@ def train(strategy, optimizer_cls) -> dict[str, np.ndarray]:
             return {v.op.name: session.run(v) for v in v1.global_variables() if v.op.name in ("w", "table")}
 
 
-def one_process_clipped() -> dict[str, np.ndarray]:
-    """The reference: plain TF, gradients clipped by hand, no strategy."""
+def one_process_clipped(
+    build_loss=loss_fn, densify: bool = False, steps: int = STEPS
+) -> dict[str, np.ndarray]:
+    """The reference: plain TF, gradients clipped by hand by their global norm, no strategy.
+
+    densify: the norm of the dense gradient (a row looked up twice counts once), as `clip_norm`
+    takes it; otherwise that of the gradients as compute_gradients returns them, as a wrapper sees.
+    """
     with tf.Graph().as_default():
-        loss = loss_fn()
+        loss = build_loss()
         optimizer = v1.train.GradientDescentOptimizer(LR)
         pairs = [(g, v) for g, v in optimizer.compute_gradients(loss) if g is not None]
-        clipped, _ = tf.clip_by_global_norm([g for g, _ in pairs], CLIP)
+        grads = [tf.convert_to_tensor(g) if densify else g for g, _ in pairs]
+        clipped, _ = tf.clip_by_global_norm(grads, CLIP)
         train_op = optimizer.apply_gradients(list(zip(clipped, [v for _, v in pairs], strict=True)))
         with v1.Session() as session:
             session.run(v1.global_variables_initializer())
-            for _ in range(STEPS):
+            for _ in range(steps):
                 session.run(train_op)
             return {v.op.name: session.run(v) for v in v1.global_variables()}
 
