@@ -4,8 +4,10 @@ Every system trains the same model on the same training examples (the same
 budget of examples for all) from a real local cluster of `disttrain.fit`
 processes, and the chief measures held-out accuracy every `eval_every_steps`
 global steps, on the whole held-out set, with the live variables. Time runs
-from the start of the first step (start-up, from spawning the processes to
-that step, is reported apart) and excludes the chief's evaluations. A row
+from the end of the chief's first step (start-up, from spawning the
+processes through that step and its one-off graph optimisation, is reported
+apart) and excludes the chief's evaluations. Every task computes on one
+thread, as in the benchmark. The initial weights are seeded. A row
 gives the seconds and examples to the first evaluation at or above the
 target, and the last evaluation's accuracy.
 
@@ -134,15 +136,31 @@ class System:
     # Staleness handled: a lower momentum at the same effective rate, rate / (1 - momentum).
     # Asynchrony adds momentum of its own (Mitliagkas et al. 2016, arXiv 1605.09774).
     momentum: float = MOMENTUM
+    # Staleness handled: the rate divided by the expected staleness (Zhang et al. 2016,
+    # arXiv 1511.05950, divide by each gradient's staleness; here its mean, `staleness`).
+    staleness_aware: bool = False
+    overlap: bool = False
 
 
 SYSTEMS = {
     "one_process": System(None),
     "async": System(disttrain.AsyncParameterServer, uses_ps=True),
-    "async_overlap": System(functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True),
+    "async_overlap": System(
+        functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True, overlap=True
+    ),
     "async_low_momentum": System(disttrain.AsyncParameterServer, uses_ps=True, momentum=0.5),
     "async_overlap_low_momentum": System(
-        functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True, momentum=0.5
+        functools.partial(disttrain.AsyncParameterServer, overlap=True),
+        uses_ps=True,
+        overlap=True,
+        momentum=0.5,
+    ),
+    "async_staleness_aware": System(disttrain.AsyncParameterServer, uses_ps=True, staleness_aware=True),
+    "async_overlap_staleness_aware": System(
+        functools.partial(disttrain.AsyncParameterServer, overlap=True),
+        uses_ps=True,
+        overlap=True,
+        staleness_aware=True,
     ),
     "sync_ps": System(disttrain.SyncParameterServer, uses_ps=True, synchronous=True),
     "sync_ps_backup": System(
@@ -165,6 +183,17 @@ def examples_per_step(system: System, workers: int, batch_size: int) -> int:
     return (workers - system.backup_workers) * batch_size
 
 
+def staleness(system: System, workers: int) -> int:
+    """Updates, on average, between the read of the parameters a gradient comes from and its update.
+
+    Async: the other workers' updates, and this worker's own previous one under
+    overlap (its gradient is computed while the last one is in flight). Sync: 1.
+    """
+    if system.strategy is None or system.synchronous:
+        return 1
+    return workers * (2 if system.overlap else 1)
+
+
 def learning_rate(task: Task, system: System, workers: int) -> float:
     """The task's rate, scaled linearly with the global batch for sync systems (Goyal et al. 2017).
 
@@ -172,6 +201,8 @@ def learning_rate(task: Task, system: System, workers: int) -> float:
     with a lower momentum keeps the task's effective rate, rate / (1 - momentum).
     """
     rate = task.learning_rate * (1 - system.momentum) / (1 - MOMENTUM)
+    if system.staleness_aware:
+        rate /= staleness(system, workers)
     if not task.scale_learning_rate:
         return rate
     return rate * examples_per_step(system, workers, task.batch_size) / task.batch_size
@@ -188,6 +219,7 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
     batch = spec.batch_size
 
     def loss_fn(ctx):
+        v1.set_random_seed(0)  # the same initial weights for every system
         data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
         data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
         features, labels = ctx.get_next(data.repeat().batch(batch, drop_remainder=True))
@@ -206,6 +238,11 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
         hooks=[hook],
         log_every_steps=100,
         save_checkpoint_steps=10**9,
+        # As the benchmark (gin/bench/common.gin): one compute thread per task, so that one
+        # process uses one core, as each worker does; no NaN guard in the measured steps.
+        intra_op_threads=1,
+        inter_op_threads=1,
+        check_numerics=False,
     )
 
 
@@ -213,8 +250,9 @@ class HeldOutHook(v1.train.SessionRunHook):
     """On the chief: held-out accuracy every `every` global steps, with the live variables.
 
     Writes one JSON line per evaluation: global step, examples, seconds since
-    the first step began (evaluations excluded), accuracy, and the wall time
-    that step began (for the start-up figure).
+    the first step ended (evaluations excluded; the first step, with its
+    one-off graph optimisation, counts as start-up), accuracy, and the wall
+    time the first step ended (for the start-up figure).
     """
 
     def __init__(self, model, x, y, every: int, per_step: int, path: str):
@@ -237,11 +275,11 @@ class HeldOutHook(v1.train.SessionRunHook):
         self._eval_secs, self._next, self._last = 0.0, self._every, -1
 
     def before_run(self, run_context):
-        if self._active and self._t0 is None:
-            self._t0, self._first_wall = time.perf_counter(), time.time()
         return v1.train.SessionRunArgs(self._step) if self._active else None
 
     def after_run(self, run_context, run_values):
+        if self._active and self._t0 is None:
+            self._t0, self._first_wall = time.perf_counter(), time.time()
         if self._active and run_values.results >= self._next:
             self._evaluate(run_context.session, int(run_values.results))
             self._next = (run_values.results // self._every + 1) * self._every

@@ -49,6 +49,14 @@ def test_learning_rate_scales_with_the_global_batch_only_where_the_task_says():
     assert low / (1 - 0.5) == pytest.approx(digits.learning_rate / (1 - accuracy.MOMENTUM))
 
 
+def test_staleness_aware_rate_divides_by_the_mean_staleness():
+    digits, s = accuracy.TASKS["digits"], accuracy.SYSTEMS
+    assert accuracy.staleness(s["async"], 4) == 4 and accuracy.staleness(s["async_overlap"], 4) == 8
+    assert accuracy.staleness(s["sync_ps"], 4) == 1 and accuracy.staleness(s["one_process"], 1) == 1
+    rate = accuracy.learning_rate(digits, s["async_overlap_staleness_aware"], 2)
+    assert rate == pytest.approx(digits.learning_rate / 4)
+
+
 def test_summary_gives_time_and_examples_to_the_first_evaluation_at_the_target():
     row = accuracy.summarize(
         "digits", "sync_ps", 2, curve((0.5, 0.6), (1.0, 0.96), (1.5, 0.94)), 990.0, [0, 0, 0], 0.95
