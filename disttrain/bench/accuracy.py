@@ -462,16 +462,29 @@ def plot(rows: list[dict], path: str) -> str | None:
     except ImportError:
         return None
     tasks = sorted({r["task"] for r in rows})
+    colours, styles = plt.get_cmap("tab20"), ["-", "--", ":", "-."]  # colour: system; style: workers
+    workers = {r["workers"] for r in rows}
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for r in rows:
             if r["task"] == task and r["curve"]:
                 secs, _, acc = zip(*r["curve"], strict=True)
-                ax.plot(secs, acc, marker=".", label=f"{r['system']} ({r['workers']})")
+                ax.plot(
+                    secs,
+                    acc,
+                    marker=".",
+                    color=colours(list(SYSTEMS).index(r["system"]) % 20),
+                    linestyle=styles[sorted(workers).index(r["workers"]) % len(styles)],
+                    label=f"{r['system']} ({r['workers']})",
+                )
         ax.axhline(
             next(r["target"] for r in rows if r["task"] == task), color="grey", linestyle="--", linewidth=0.8
         )
-        ax.set(title=f"{task}: held-out accuracy", xlabel="seconds since the first step", ylabel="accuracy")
+        ax.set(
+            title=f"{task}: held-out accuracy",
+            xlabel="seconds of training (from the end of the first step)",
+            ylabel="accuracy",
+        )
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -32,6 +32,7 @@ SCRIPTS = {
     "benchmark": "disttrain.scripts.benchmark",
     "plan": "disttrain.scripts.plan",
     "link_probe": "disttrain.scripts.link_probe",
+    "accuracy": "disttrain.scripts.accuracy",
 }
 
 # absl's own flags, which every command accepts (app.run defines the help flags when it starts).

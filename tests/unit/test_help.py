@@ -24,6 +24,7 @@ COMMANDS = {
     "disttrain-benchmark": ("benchmark.py", "benchmark"),
     "disttrain-plan": ("plan.py", "plan"),
     "disttrain-link-probe": ("link_probe.py", "link_probe"),
+    "disttrain-accuracy": ("accuracy.py", "accuracy"),
 }
 
 # What pip writes for a console script, when none is installed beside this Python.
