@@ -27,7 +27,7 @@ import pytest
 import tensorflow as tf
 
 from disttrain.local import free_port
-from tests.cluster.test_own_model import logs, run_all, start
+from tests.cluster.test_own_model import logs, run_all, start, start_all
 
 pytestmark = pytest.mark.cluster
 
@@ -165,11 +165,7 @@ def train(tmp_path_factory, mode: str) -> dict[str, np.ndarray]:
         cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)]}
         if num_ps:
             cluster["ps"] = [f"127.0.0.1:{free_port()}" for _ in range(num_ps)]
-        procs = {
-            f"{job}_{i}": start(str(path), tmp_path, cluster, job, i)
-            for job in cluster
-            for i in range(len(cluster[job]))
-        }
+        procs = start_all(str(path), tmp_path, cluster)
     codes = run_all(procs, tmp_path, timeout=180)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     reader = tf.train.load_checkpoint(str(logdir))
