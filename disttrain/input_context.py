@@ -27,13 +27,16 @@ import inspect
 import logging
 import os
 import re
+import weakref
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
-ITERATORS = "disttrain_input_iterators"  # graph collection: the iterators get_next made
+# The iterators saved_iterator made, per graph. Not a graph collection: a collection of Python
+# objects makes every meta-graph export (each checkpoint) warn that it cannot serialize them.
+_ITERATORS: weakref.WeakKeyDictionary[tf.Graph, list] = weakref.WeakKeyDictionary()
 
 
 def shard_files(files: Sequence[str], index: int, count: int) -> tuple[list[str], bool]:
@@ -74,7 +77,7 @@ def takes_context(loss_fn: Callable) -> bool:
 def saved_iterator(dataset: tf.data.Dataset):
     """A one-shot iterator over `dataset` whose position InputPositionHook saves and restores."""
     iterator = v1.data.make_one_shot_iterator(dataset)
-    v1.add_to_collection(ITERATORS, iterator)
+    _ITERATORS.setdefault(v1.get_default_graph(), []).append(iterator)
     return iterator
 
 
@@ -176,7 +179,7 @@ class InputPositionHook(v1.train.SessionRunHook):
         self._keep, self._saver, self._steps = keep, None, 0
 
     def begin(self):
-        iterators = v1.get_collection(ITERATORS)
+        iterators = _ITERATORS.get(v1.get_default_graph(), [])
         if iterators:
             saveables = [tf.data.experimental.make_saveable_from_iterator(it) for it in iterators]
             self._saver = v1.train.Saver(saveables, max_to_keep=self._keep, save_relative_paths=True)
