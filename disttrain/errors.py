@@ -3,7 +3,7 @@
 Kubeflow TFJob's `ExitCode` restart policy treats 1-127 as permanent and
 128-255 as retryable, so configuration mistakes (retrying cannot help) and
 transient faults (a peer not up yet, a lost parameter server) are kept apart.
-The table is documented in README.md; change both together.
+The table is documented in docs/faults.md; change both together.
 """
 
 EXIT_OK = 0

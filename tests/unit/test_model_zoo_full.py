@@ -236,5 +236,5 @@ def test_plan_balances_ps_within_5_percent(model_id, num_ps, balance_table):
     assert tuple(ours) == plan.loads, "the devices assigned in the graph differ from the plan"
     assert placement.max_over_mean(ours) <= 1.05
     if model_id in ("alexnet", "vgg16") and num_ps >= 4:
-        # One fc6 pins one PS under round robin (README's table: 4.92 and 6.11 at 8 PS).
+        # One fc6 pins one PS under round robin (docs/configuration.md's table: 4.92 and 6.11 at 8 PS).
         assert placement.max_over_mean(rr) > 2.5

@@ -80,7 +80,7 @@ def test_ps_hot_spot_names_the_busy_host():
     assert p.ps_balance == pytest.approx(2.8)  # 0.7 / 0.25
     # Balanced (25% each): every link 75 + 3 x 25 = 150 MB, 75 MB each phase: 0.75 + 0.75 = 1.5 s.
     # The hot spot cost 4.2 / 1.5 = 2.8x. (Measured on emulated hosts, MLP at 4 hosts with 2 PS:
-    # README's "Planning a cluster" table.)
+    # docs/planner.md's "Planning a cluster" table.)
     even = cost.predict(model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
     assert even.round_time == pytest.approx(1.5)
     # The advice sees it: disttrain's placement first, for a round-robin layout.
@@ -112,7 +112,7 @@ def test_full_duplex_push_and_pull_share_the_link():
     assert sync.round_time == pytest.approx(0.1 / 3 + 0.2 / 3 / 8 + 0.75 + 0.75)
     # One dedicated PS for 2 workers: the PS link's in-direction takes both workers' pushes
     # (200 MB, 2 s) while its out-direction idles, then the reverse: 4 s, twice the 2 s its
-    # bytes need. Loops that contend for a PS fall into step (measured: README's 4-host, 2-PS row).
+    # bytes need. Loops that contend for a PS fall into step (measured: docs/planner.md's 4-host, 2-PS row).
     dedicated = cost.Shape(hosts=2, ps=1, ps_hosts=cost.DEDICATED, link_gbit=0.8)
     d = cost.predict(model(), dedicated, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
     assert d.links[2].roles == "ps0" and d.terms["busiest link"] == pytest.approx(2.0)
