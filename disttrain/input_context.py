@@ -223,10 +223,18 @@ class InputPositionHook(v1.train.SessionRunHook):
         c = self._context
         os.makedirs(self._directory, exist_ok=True)
         prefix = os.path.join(self._directory, f"input-r{c.num_replicas}t{c.num_towers}")
-        self._saver.save(
-            session,
-            prefix,
-            global_step=self._step,
-            latest_filename="input_checkpoint",
-            write_meta_graph=False,
-        )
+        try:
+            self._saver.save(
+                session,
+                prefix,
+                global_step=self._step,
+                latest_filename="input_checkpoint",
+                write_meta_graph=False,
+            )
+        except (tf.errors.OpError, ValueError) as e:  # e.g. a dataset with a py_function cannot be saved
+            first = str(getattr(e, "message", e)).strip().splitlines()[0]
+            log.warning(
+                f"input position not saved ({first}); it is not saved again in this run, and a restart "
+                "reads this replica's share from the start"
+            )
+            self._saver = None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import evaluation, input_context, launch, placement, preemption, trainer
+from disttrain import evaluation, launch, placement, preemption, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import EVALUATOR, PS, Cluster
 from disttrain.config import TrainConfig
@@ -35,7 +35,9 @@ def zoo_loss_fn(config: TrainConfig, cluster: Cluster, strategy: Strategy) -> Ca
                 dataset = config.input_fn(
                     model, config.batch_size, max(cluster.replica_index, 0), cluster.num_replicas
                 )
-                iterators[graph] = input_context.saved_iterator(trainer.without_autotune_thread(dataset))
+                # A plain iterator: the zoo's synthetic inputs have no position worth saving, and
+                # serializing an iterator waits for its prefetch (or fails on a py_function).
+                iterators[graph] = v1.data.make_one_shot_iterator(trainer.without_autotune_thread(dataset))
         features, labels = iterators[graph].get_next()
         return model.training_loss(features, labels, config.regularization)
 
