@@ -6,7 +6,7 @@ The public API:
 - `session(strategy, steps=..., logdir=...)`: the same, for a loop of your own
   after `strategy.minimize(...)`.
 - Replica strategies `AsyncParameterServer`, `SyncParameterServer`,
-  `SyncAllReduce` (base `Strategy`): `scope()`, `minimize()`, `hooks()`, `session_config()`.
+  `SyncAllReduce` (base `Strategy`): `scope()`, `minimize()`, `hooks(last_step)`, `session_config()`.
 - `Cluster`: the whole cluster from one task's point of view (TF_CONFIG, flags, local).
 - `RunSettings`: how a run goes (checkpoints, logging, waits, guards);
   `TrainConfig`: a model_zoo run as gin binds it (bin/train.py).

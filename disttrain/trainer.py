@@ -327,7 +327,7 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     stop_at = _StopAtStep(last_step=steps)
-    all_hooks = [*strategy.hooks(), stop_at, throughput, *hooks]
+    all_hooks = [*strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)

@@ -334,7 +334,7 @@ class SyncAllReduce(Strategy):
         grad = tf.convert_to_tensor(grad)
         return grad if grad.shape.is_fully_defined() else tf.reshape(grad, var.shape)
 
-    def hooks(self) -> list:
+    def hooks(self, last_step: int | None = None) -> list:
         """The autotuner's search at session start, when there is one and other replicas."""
         return [self.tuner.hook()] if self.tuner is not None and self.group_size > 1 else []
 

@@ -199,7 +199,7 @@ class AsyncParameterServer(PsStrategy):
             order.arrived([t.op for t in here])
         return moved
 
-    def hooks(self) -> list:
+    def hooks(self, last_step: int | None = None) -> list:
         return [_DrainHook(*self._counts)] if self._counts is not None else []
 
     def traced_loops(self) -> list:

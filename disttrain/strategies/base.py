@@ -151,7 +151,7 @@ class Strategy(abc.ABC):
     - `scope()`, `plan_placement(build_fn)`, `plan_from(specs)`,
       `variable_devices`, `place_remaining(global_step)`: where variables go;
     - `examples_per_step(batch_size)`: examples one global step consumes;
-    - `hooks()`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
+    - `hooks(last_step)`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
     - `device_filters()`, `session_config(intra_op_threads, inter_op_threads)`:
       what its servers and sessions need.
 
@@ -496,8 +496,8 @@ class Strategy(abc.ABC):
         """Examples consumed per increment of the global step (async: one replica's)."""
         return batch_size * self.num_towers
 
-    def hooks(self) -> list:
-        """Session hooks this strategy needs (built after minimize())."""
+    def hooks(self, last_step: int | None = None) -> list:
+        """Session hooks this strategy needs (built after minimize()); training ends at `last_step`."""
         return []
 
     def traced_loops(self) -> list:

@@ -208,12 +208,13 @@ class SyncParameterServer(PsStrategy):
             drain=drain,
         )
 
-    def hooks(self) -> list:
+    def hooks(self, last_step: int | None = None) -> list:
         if not self._sync:
             return []
         hooks = [_DrainOwnTokens(self._sync.drain)]
         if self.cluster.is_chief:
-            hooks.append(_Aggregator(self._sync, self.cluster.num_replicas, self.replicas_to_aggregate))
+            n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
+            hooks.append(_Aggregator(self._sync, n, needed, last_step))
         return hooks
 
 
@@ -312,10 +313,16 @@ class _Aggregator(v1.train.SessionRunHook):
     wake-up report carrying this aggregator's nonce. On its way out the
     aggregator closes every token queue, so replicas still waiting (a
     straggler) stop at once instead of hanging.
+
+    A report tagged `last_step` or later is released at once, with no update:
+    with backup workers, a straggler released from a stale step can start one
+    more step after the others have closed the last one and left (its stop
+    check saw the step it had read). Counted, it would wait for ever for a
+    second report.
     """
 
-    def __init__(self, ops: _SyncOps, num_replicas: int, needed: int):
-        self._ops, self._n, self._needed = ops, num_replicas, needed
+    def __init__(self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None):
+        self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
         self._threads: list[threading.Thread] = []
         self.steps = self.stale = 0
         self.contributions = [0] * num_replicas  # steps each replica's gradients were part of
@@ -357,6 +364,9 @@ class _Aggregator(v1.train.SessionRunHook):
                 if tag != step:  # its gradients were dropped: let it start again from fresh values
                     self.stale += 1
                     session.run(ops.release[replica])
+                    continue
+                if self._last_step is not None and tag >= self._last_step:
+                    session.run(ops.release[replica])  # past the end: it stops on seeing the step
                     continue
                 arrived.add(replica)
                 if len(arrived) >= self._needed:

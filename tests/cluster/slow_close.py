@@ -6,6 +6,11 @@ trains at full speed; the prefetching thread then waits at the gate. Closing
 a session destroys the iterator, which joins that thread: the replica's close
 lasts until `gate_file` exists, as the incident's did while tf.data's
 autotuning thread slept (see disttrain.trainer.without_autotune_thread).
+
+The other replicas take their first batch only once the gated replica has
+made its own (`<gate_file>.started`): on a loaded machine the chief could
+otherwise finish a short run before the gated replica began, which would then
+have no iterator to hold its close open.
 """
 
 from __future__ import annotations
@@ -30,10 +35,16 @@ def gated_input(
     gate_file: str = "",
 ):
     dataset = inputs.synthetic(model, batch_size, replica_index, num_replicas)
-    if replica_index != gated_replica:
-        return dataset
+    started = gate_file + ".started"
 
     def wait(index):
+        if replica_index != gated_replica:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(started) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return index
+        if index == 0:
+            open(started, "w").close()
         while index >= open_batches and not os.path.exists(gate_file):
             time.sleep(0.1)
         return index
@@ -43,4 +54,5 @@ def gated_input(
         with tf.control_dependencies([passed]):
             return tuple(tf.identity(t) for t in batch)
 
-    return dataset.enumerate().map(gate).prefetch(open_batches)
+    gated = dataset.enumerate().map(gate)
+    return gated.prefetch(open_batches) if replica_index == gated_replica else gated

@@ -180,6 +180,30 @@ def test_backup_worker_lets_steps_go_at_the_pace_of_the_fastest(tmp_path):
     assert secs < SHUTDOWN_BOUND_SECS, describe_failure(cluster)
 
 
+def test_a_straggling_chief_ends_with_the_others(tmp_path):
+    """3 workers, b=1, the chief is the straggler: the others close the last step and leave.
+
+    The chief's stale step is released without an update, so its stop check
+    (fed the global step it read at the start) missed the end, and its next
+    step read the last step and reported for a step nobody else would join:
+    it waited for ever (1 run in 6 of the correctness test's backup mode).
+    """
+    params = [
+        "StragglerSyncParameterServer.backup_workers = 1",
+        "StragglerSyncParameterServer.delay_replicas = (0,)",
+        "StragglerSyncParameterServer.step_delay_secs = 0.3",
+        "TrainConfig.train_steps = 60",
+    ]
+    cluster, _ = run_timed(
+        tmp_path, [SYNC_PS, TINY, STRAGGLER], timeout=90, num_ps=1, num_workers=3, gin_params=params
+    )
+    r = read_results(cluster.logdir)
+    assert r["worker_0"]["global_step"] == 60
+    log = open(cluster.chief_task.log_path).read()
+    m = re.search(r"sync aggregator: (\d+) steps closed.*?(\d+) stale reports dropped", log)
+    assert m and int(m.group(1)) == 60 and int(m.group(2)) >= 1, describe_failure(cluster)
+
+
 # ---- 16-bit transfer -----------------------------------------------------------------------
 
 
