@@ -25,6 +25,7 @@ __all__ = [
     "TF_VERSION_CHECKED",
     "PartitionedVariable",
     "RoundsQueueRunner",
+    "add_control_input",
     "in_control_flow",
     "set_device",
     "set_global_step_read",
@@ -68,6 +69,18 @@ def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
     `Operation._update_input`.
     """
     op._update_input(index, tensor)  # noqa: SLF001
+
+
+def add_control_input(op: tf.Operation, before: tf.Operation) -> None:
+    """Make the built op `op` run only after `before`.
+
+    Why: SyncParameterServer orders a step's variable reads after its read
+    of the global step, and only those: a control-dependency scope around
+    the user's loss function would also hold back the initial values built
+    in it (a `get_variable(initializer=tf.constant(...))`), and the chief
+    could not initialise them. Uses `Operation._add_control_input`.
+    """
+    op._add_control_input(before)  # noqa: SLF001
 
 
 def set_device(op: tf.Operation, device: str) -> None:

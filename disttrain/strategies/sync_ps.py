@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from disttrain import preemption
+from disttrain import preemption, tf_internals
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse
 from disttrain.strategies.ps import PsStrategy
@@ -105,17 +105,25 @@ class SyncParameterServer(PsStrategy):
         """As the base, but every variable read of this step comes after reading the global step.
 
         A gradient tagged with step t then never comes from parameters older
-        than t. (With a loss tensor built before minimize() the order cannot
-        be imposed; a replica reading during an update may then be tagged one
-        step early, which only matters with backup workers.)
+        than t. Only the reads wait: the initial values built in a loss
+        function do not (the chief initialises them before any step). (With a
+        loss tensor built before minimize() the order cannot be imposed; a
+        replica reading during an update may then be tagged one step early,
+        which only matters with backup workers.)
         """
         if not self.aggregates:
             return super().compute_gradients(optimizer, loss, read)
         global_step = v1.train.get_or_create_global_step()
         with tf.name_scope("sync_step"):
             self._step = tf.identity(global_step.read_value(), name="local_step")
-        with tf.control_dependencies([self._step]):
-            return super().compute_gradients(optimizer, loss, read)
+        graph = v1.get_default_graph()
+        before = len(graph.get_operations())
+        grads_and_vars = super().compute_gradients(optimizer, loss, read)
+        new = graph.get_operations()[before:]
+        initializers = [v.initializer for v in v1.global_variables() + v1.local_variables()]
+        for op in _step_reads(new, {op for op in initializers if op in set(new)}):
+            tf_internals.add_control_input(op, self._step.op)
+        return grads_and_vars
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.aggregates:
@@ -216,6 +224,24 @@ class SyncParameterServer(PsStrategy):
             n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
             hooks.append(_Aggregator(self._sync, n, needed, last_step))
         return hooks
+
+
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
+
+
+def _step_reads(ops: list[tf.Operation], initializers: set) -> list[tf.Operation]:
+    """The variable reads among `ops` a step makes: not those of initial values, nor in control flow."""
+    initializing, stack = set(), list(initializers)
+    while stack:
+        op = stack.pop()
+        if op not in initializing:
+            initializing.add(op)
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return [
+        op
+        for op in ops
+        if op.type in _READS and op not in initializing and not tf_internals.in_control_flow(op)
+    ]
 
 
 class _SyncOps(NamedTuple):

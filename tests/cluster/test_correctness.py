@@ -79,11 +79,9 @@ def loss_fn(ctx):
     begin, window = ctx.input_pipeline_id * BATCH, ctx.num_input_pipelines * BATCH
     data = tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(window)
     x, y = ctx.get_next(data.map(lambda f, l: (f[begin : begin + BATCH], l[begin : begin + BATCH])))
-    # An initializer function, not a tensor: see test_a_tensor_initializer_does_not_wait_for_the_sync_step.
-    w = {{
-        n: v1.get_variable(n, v.shape, initializer=tf.constant_initializer(v))
-        for n, v in initial_weights().items()
-    }}
+    # Initial values as tensors, as a user writes them: under SyncParameterServer they
+    # must not wait for its step read (tests/unit/test_sync_strategies.py).
+    w = {{n: v1.get_variable(n, initializer=tf.constant(v)) for n, v in initial_weights().items()}}
     hidden = tf.nn.relu(tf.matmul(x, w["w1"]) + w["b1"])
     logits = tf.matmul(hidden, w["w2"]) + w["b2"]
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
@@ -238,35 +236,3 @@ def test_learnable_set_is_balanced_enough_and_fixed():
     x, y = learnable_set()
     assert x.shape == (256, 16) and np.bincount(y, minlength=4).min() >= 16
     np.testing.assert_array_equal(learnable_set()[1], y)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="SyncParameterServer calls loss_fn under a control dependency on its "
-    "step read, so a tensor initial value waits for the global step: the chief's init fails",
-)
-def test_a_tensor_initializer_does_not_wait_for_the_sync_step():
-    """Graph only, no servers: a variable made from a tensor in loss_fn must initialize on its own."""
-    from disttrain import Cluster, SyncParameterServer
-
-    v1 = tf.compat.v1
-    cluster = Cluster.from_tf_config(
-        {"cluster": {"ps": ["ps:1"], "worker": ["w0:1", "w1:1"]}, "task": {"type": "worker", "index": 0}}
-    )
-    strategy = SyncParameterServer(cluster)
-
-    def loss_fn():
-        w = v1.get_variable("w", initializer=tf.constant(np.ones((4, 2), np.float32)))
-        return tf.reduce_sum(tf.matmul(tf.ones((3, 4)), w))
-
-    with tf.Graph().as_default():
-        with strategy.scope():
-            strategy.minimize(v1.train.GradientDescentOptimizer(0.1), loss_fn)
-        (w,) = [v for v in v1.global_variables() if v.op.name == "w"]
-        seen, stack = set(), [w.initializer]
-        while stack:
-            op = stack.pop()
-            if op.name not in seen:
-                seen.add(op.name)
-                stack += [t.op for t in op.inputs] + list(op.control_inputs)
-        assert not [name for name in seen if name.startswith("sync_step/")]

@@ -364,6 +364,34 @@ def test_sync_ps_reads_the_global_step_before_any_variable():
         assert step in op.control_inputs, op.name
 
 
+def test_sync_ps_leaves_initial_values_built_in_the_loss_function_free_of_the_step_read():
+    """A `get_variable(initializer=tf.constant(...))` in loss_fn: the chief must initialise it before any step."""
+    strategy = SyncParameterServer(ps_cluster(task=0, num_ps=1))
+    graph = tf.Graph()
+    with graph.as_default(), strategy.scope():
+
+        def loss_fn():
+            w = v1.get_variable("w", initializer=tf.constant(np.ones((4, 2), np.float32)))
+            return tf.reduce_sum(tf.matmul(tf.ones((3, 4)), w))
+
+        strategy.minimize(v1.train.GradientDescentOptimizer(0.1), loss_fn)
+        (w,) = [v for v in v1.global_variables() if v.op.name == "w"]
+    step = graph.get_operation_by_name("sync_step/local_step")
+
+    def upstream(op):
+        seen, stack = set(), [op]
+        while stack:
+            op = stack.pop()
+            if op not in seen:
+                seen.add(op)
+                stack += [t.op for t in op.inputs] + list(op.control_inputs)
+        return seen
+
+    assert step not in upstream(w.initializer)
+    (matmul,) = [op for op in ops_of(graph, "MatMul") if not op.name.startswith("gradients")]
+    assert step in upstream(matmul)  # the step's read of w still waits for the step read
+
+
 def test_sync_ps_steps_count_the_aggregated_replicas():
     assert SyncParameterServer(ps_cluster(num_workers=3)).examples_per_step(8) == 3 * 8
     assert SyncParameterServer(ps_cluster(num_workers=3), backup_workers=1).examples_per_step(8) == 2 * 8
