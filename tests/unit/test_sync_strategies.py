@@ -365,7 +365,7 @@ def test_sync_ps_reads_the_global_step_before_any_variable():
 
 
 def test_sync_ps_leaves_initial_values_built_in_the_loss_function_free_of_the_step_read():
-    """A `get_variable(initializer=tf.constant(...))` in loss_fn: the chief must initialise it before any step."""
+    """`get_variable(initializer=tf.constant(...))` in loss_fn: the chief initialises it before any step."""
     strategy = SyncParameterServer(ps_cluster(task=0, num_ps=1))
     graph = tf.Graph()
     with graph.as_default(), strategy.scope():
