@@ -191,7 +191,11 @@ class SyncParameterServer(PsStrategy):
                 with tf.device(var.device):
                     aggregated.append((acc.take(self.replicas_to_aggregate), var))
             aggregated = self.clip_aggregate(aggregated, colocate=True)
-            update = optimizer.apply_gradients(aggregated, global_step=global_step)
+            # At the root name scope, as every other strategy applies them: the optimizer's own
+            # variables (Adam's beta1_power) are then named alike in every strategy's checkpoint,
+            # which therefore restores under any other strategy and in one process.
+            with v1.name_scope(None):
+                update = optimizer.apply_gradients(aggregated, global_step=global_step)
             with tf.device(global_step.device):
                 current = global_step.read_value()
                 reset = tf.group(*[acc.accumulator.set_global_step(current) for acc, _ in accumulators])
@@ -336,9 +340,16 @@ class _Aggregator(v1.train.SessionRunHook):
     timeout can lose the report it was completing, and a lost report is a
     replica that waits for ever. To stop, a watcher thread waits for the
     coordinator's stop (the end of the session, normal or not) and enqueues a
-    wake-up report carrying this aggregator's nonce. On its way out the
-    aggregator closes every token queue, so replicas still waiting (a
-    straggler) stop at once instead of hanging.
+    wake-up report carrying this aggregator's nonce.
+
+    At the end of training (`end`, which TF calls only when the loop ended
+    without an error, and not preempted) it closes every token queue, so
+    replicas still waiting (a straggler) stop at once instead of hanging. Any
+    other stop leaves the queues open for the next aggregator: a closed queue
+    outlives the chief on the PS, and a session recovered after a PS restart
+    (the queues live with the global step, often on a PS that did not
+    restart) or a restarted chief would find it closed; the replicas whose
+    reports it had counted are released to redo their step.
 
     A report tagged `last_step` or later is released at once, with no update:
     with backup workers, a straggler released from a stale step can start one
@@ -350,6 +361,7 @@ class _Aggregator(v1.train.SessionRunHook):
     def __init__(self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
         self._threads: list[threading.Thread] = []
+        self._closing = False  # set at the end of training: the token queues are being closed
         self.steps = self.stale = 0
         self.contributions = [0] * num_replicas  # steps each replica's gradients were part of
 
@@ -374,6 +386,15 @@ class _Aggregator(v1.train.SessionRunHook):
             session.run(self._ops.wake, feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not stop the sync aggregator: %s", str(e).splitlines()[0])
+
+    def end(self, session):
+        if preemption.requested():
+            return  # the restarted chief's aggregator goes on with the same queues
+        self._closing = True
+        try:
+            session.run(self._ops.close, options=v1.RunOptions(timeout_in_ms=5000))
+        except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
+            log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
 
     def _run(self, session, coord, nonce: int):
         ops = self._ops
@@ -403,21 +424,18 @@ class _Aggregator(v1.train.SessionRunHook):
                         self.contributions[r] += 1
                     arrived.clear()
         except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
-            if not coord.should_stop():
+            if not (coord.should_stop() or self._closing):
                 coord.request_stop(e)
         finally:
-            # Preempted, the chief leaves the queues open: a closed queue outlives it on the PS,
-            # and the replicas would take it for the end of training. The replicas whose reports
-            # it had counted redo their step (fresh values) and report to its successor.
-            try:
-                if preemption.requested():
+            # Not the end of training: the replicas whose reports it had counted redo their step
+            # (fresh values) and report to its successor.
+            if arrived and not self._closing:
+                try:
                     session.run(
                         [ops.release[r] for r in sorted(arrived)], options=v1.RunOptions(timeout_in_ms=5000)
                     )
-                else:
-                    session.run(ops.close, options=v1.RunOptions(timeout_in_ms=5000))
-            except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
-                log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
+                except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
+                    log.warning("could not release the counted replicas: %s", str(e).splitlines()[0])
             log.info(
                 "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
                 self.steps,
