@@ -128,14 +128,25 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
                 left = deadline - time.monotonic()
                 if left > 0:
                     log.info(
-                        f"waiting for the chief to initialise the variables: since {since} "
-                        f"({time.monotonic() - start:.0f} s), giving up in {left:.0f} s"
+                        f"waiting for the chief to initialise the variables{self._example()}: "
+                        f"since {since} ({time.monotonic() - start:.0f} s), giving up in {left:.0f} s"
                     )
                     continue
             raise TransientError(
                 f"the chief did not initialise the variables within {self._max_wait:.0f} s "
                 "(is the chief running? raise TrainConfig.peer_wait_secs if it is slow to start)"
             ) from None
+
+    def _example(self) -> str:
+        """' (e.g. NAME, 3 in all)': what is not initialised yet, or '' if that cannot be read now."""
+        try:
+            with v1.Session(self._master, config=self._config) as session:
+                names = session.run(self._scaffold.ready_op, options=v1.RunOptions(timeout_in_ms=2000))
+        except tf.errors.OpError:
+            return ""
+        if not len(names):
+            return " (all are now: preparing this task's own)"
+        return f" (e.g. {names[0].decode()}, {len(names)} in all)"
 
 
 class _StopAtStep(v1.train.StopAtStepHook):

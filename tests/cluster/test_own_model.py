@@ -231,3 +231,16 @@ def test_own_loop_session_trains_and_a_ps_never_enters_the_body(tmp_path):
     assert codes == {"ps": 0, "worker": 0}, logs(tmp_path)
     assert sorted(p.name for p in logdir.glob("entered_by_*")) == ["entered_by_worker"]
     assert "loop ended: 30" in (tmp_path / "worker_0.log").read_text()
+
+
+def test_a_worker_started_before_its_chief_says_what_it_waits_for(tmp_path):
+    """Issue 22, "nobody waits in silence": a variable it waits for, since when, until when."""
+    path = script(tmp_path, "get_variable", "async", extra=", wait_log_secs=1")
+    cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    procs = {"ps_0": start(path, tmp_path, cluster, "ps", 0)}
+    procs["worker_1"] = start(path, tmp_path, cluster, "worker", 1)
+    waiting = r"waiting for the chief to initialise the variables \(e\.g\. [\w/]+, \d+ in all\): since"
+    wait_for_line(str(tmp_path / "worker_1.log"), waiting, timeout=120)
+    procs["worker_0"] = start(path, tmp_path, cluster, "worker", 0)
+    codes = run_all(procs, tmp_path)
+    assert set(codes.values()) == {0}, (codes, logs(tmp_path))
