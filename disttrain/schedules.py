@@ -32,9 +32,9 @@ towers x batch for SyncParameterServer. For AsyncParameterServer each update
 is one replica's gradient (towers x batch): async SGD is SGD at that batch
 applied to stale parameters, so that is what is scaled, not N x batch
 (Dean et al. 2012, "Large Scale Distributed Deep Networks", ran Downpour SGD
-at the rate of one replica's batch). Staleness is not corrected here: a
-staleness-aware rate divides by each gradient's staleness (Zhang et al.
-2015, "Staleness-aware Async-SGD", arXiv:1511.05950).
+at the rate of one replica's batch). For the staleness async brings,
+`async_momentum` gives the momentum and rate that keep a recipe's
+effective step (below).
 
 Durations (warmup, boundaries, total) are in global steps, or in epochs when
 `examples_per_epoch` is set; epochs become steps from the same global batch.
@@ -92,6 +92,40 @@ def scaled_learning_rate(base_lr: float, examples_per_step: int, reference_batch
             f"examples_per_step and reference_batch must be >= 1, got {examples_per_step}, {reference_batch}"
         )
     return base_lr * examples_per_step / reference_batch
+
+
+def async_staleness(num_replicas: int, overlap: bool = False) -> int:
+    """Updates, on average, between a gradient's read of the parameters and its own update.
+
+    AsyncParameterServer: the other replicas' updates land in between, one
+    each (N in all, counting its own); with overlap=True a gradient is also
+    computed while the replica's previous one is in flight (2N).
+    """
+    if num_replicas < 1:
+        raise ConfigError(f"num_replicas must be >= 1, got {num_replicas}")
+    return num_replicas * (2 if overlap else 1)
+
+
+def async_momentum(learning_rate: float, momentum: float, staleness: float) -> tuple[float, float]:
+    """(rate, momentum) for async SGD with `staleness` that keep a one-process recipe's effective step.
+
+    Asynchrony begets momentum (Mitliagkas et al. 2016, "Asynchrony begets
+    momentum", arXiv:1605.09774): S-stale SGD behaves like momentum SGD with
+    an implicit momentum of 1 - 1/S, so a tuned explicit momentum on top of
+    it overshoots (AsyncParameterServer(overlap=True) at 4 workers diverged
+    on the digits task with momentum 0.9, docs/accuracy.md). The explicit
+    momentum m' is lowered so that (1 - m') / S = 1 - m, the rate kept; once
+    m' would fall below 0 it is 0 and the rate is divided by what staleness
+    is left, S (1 - m), which is the staleness-aware rate of Zhang et al.
+    2016 (arXiv:1511.05950) for plain SGD. staleness=1 returns the recipe.
+    """
+    if not 0 <= momentum < 1 or staleness < 1 or learning_rate <= 0:
+        raise ConfigError(
+            "async_momentum needs 0 <= momentum < 1, staleness >= 1 and a positive rate, got "
+            f"momentum={momentum}, staleness={staleness}, learning_rate={learning_rate}"
+        )
+    explicit = max(0.0, 1.0 - staleness * (1.0 - momentum))
+    return learning_rate * (1.0 - explicit) / (staleness * (1.0 - momentum)), explicit
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,3 +170,33 @@ def test_minimize_told_the_batch_resolves_linear_scaling_from_the_strategy():
             strategy.minimize(optimizer, loss_fn, batch_size=4)
         with v1.Session(config=strategy.session_config()) as session:
             assert session.run(optimizer._learning_rate_tensor) == pytest.approx(0.1)
+
+
+# ---- staleness --------------------------------------------------------------------------------
+
+
+def test_async_staleness_counts_the_updates_in_between():
+    assert [s.async_staleness(n) for n in (1, 2, 4)] == [1, 2, 4]
+    assert [s.async_staleness(n, overlap=True) for n in (1, 2, 4)] == [2, 4, 8]
+    with pytest.raises(ConfigError, match="num_replicas"):
+        s.async_staleness(0)
+
+
+@pytest.mark.parametrize("staleness", [1, 2, 4, 8, 10, 16])
+def test_async_momentum_keeps_the_effective_step_with_the_implicit_momentum(staleness):
+    rate, momentum = s.async_momentum(0.02, 0.9, staleness)
+    assert 0 <= momentum <= 0.9
+    # Explicit and implicit (1 - 1/S) momentum together: the recipe's effective step, 0.02 / 0.1.
+    assert rate / ((1 - momentum) / staleness) == pytest.approx(0.2)
+    if staleness == 1:
+        assert (rate, momentum) == (0.02, 0.9)
+    if staleness <= 10:  # the explicit momentum absorbs it: the rate is the recipe's
+        assert rate == pytest.approx(0.02) and momentum == pytest.approx(1 - staleness * 0.1)
+    else:  # none left to lower: the rate carries the rest (a staleness-aware rate)
+        assert momentum == 0 and rate == pytest.approx(0.02 * 10 / staleness)
+
+
+def test_async_momentum_refuses_what_it_cannot_compensate():
+    for bad in [dict(momentum=1.0, staleness=2), dict(momentum=0.9, staleness=0.5)]:
+        with pytest.raises(ConfigError, match="async_momentum"):
+            s.async_momentum(0.1, **bad)
