@@ -157,12 +157,12 @@ def session(
             strategy,
             logdir,
             steps,
-            settings,
-            batch_size,
-            target,
-            session_config,
-            hooks,
-            on_reconnect,
+            settings=settings,
+            batch_size=batch_size,
+            target=target,
+            session_config=session_config,
+            hooks=hooks,
+            on_reconnect=on_reconnect,
         ) as monitored:
             yield monitored
         # Preempted, a replica is not done: a PS that counted it would leave. Only a PS that is

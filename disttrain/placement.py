@@ -228,7 +228,8 @@ def _split(spec: VariableSpec, limit: float) -> tuple[int, int]:
     return (axis, max(parts, 1))
 
 
-def _pieces(spec: VariableSpec, axis: int, parts: int) -> list[Piece]:
+def spec_pieces(spec: VariableSpec, axis: int, parts: int) -> list[Piece]:
+    """The pieces a variable is cut into (axis, parts from the plan), each with its bytes."""
     if parts == 1:
         return [Piece(spec.name, spec.nbytes)]
     # TF's partitioned variables give the first (dim % parts) slices one extra row.
@@ -265,7 +266,7 @@ def _spread(tables: Sequence[VariableSpec], num_ps: int) -> tuple[dict, dict[str
     for t, spec in enumerate(tables):
         count = num_ps * math.ceil(spec.nbytes / (num_ps * MAX_PIECE_BYTES))
         parts[spec.name] = (0, count)
-        for i, piece in enumerate(_pieces(spec, 0, count)):
+        for i, piece in enumerate(spec_pieces(spec, 0, count)):
             devices[piece.name] = (i + t) % num_ps
             loads[devices[piece.name]] += piece.nbytes
     return parts, devices, loads
@@ -294,7 +295,7 @@ def make_plan(
     limit = min(float(mean) if num_ps > 1 else math.inf, piece_bytes or math.inf)
     for _ in range(12):
         parts = {s.name: _split(s, limit) for s in rest}
-        pieces = [p for s in rest for p in _pieces(s, *parts[s.name])]
+        pieces = [p for s in rest for p in spec_pieces(s, *parts[s.name])]
         devices, loads = _assign(pieces, num_ps, spread_loads)
         plan = Plan(
             num_ps=num_ps,

@@ -313,6 +313,7 @@ def monitored_session(
     strategy: Strategy,
     logdir: str,
     steps: int,
+    *,
     settings: RunSettings,
     batch_size: int,
     target: str = "",

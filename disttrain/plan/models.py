@@ -44,7 +44,7 @@ def disttrain_layout(
         if spec.name not in trainable or spec.table:
             continue
         axis, parts = plan.parts.get(spec.name, (0, 1))
-        for piece in placement._pieces(spec, axis, parts):  # noqa: SLF001  the plan's own piece sizes
+        for piece in placement.spec_pieces(spec, axis, parts):
             dense[plan.devices[piece.name]] += piece.nbytes
             pieces[plan.devices[piece.name]] += 1
     return _layout(dense, pieces, plan.max_over_mean)
