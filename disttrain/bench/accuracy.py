@@ -2,7 +2,9 @@
 
 Every system trains the same model on the same training examples (the same
 budget of examples for all) from a real local cluster of `disttrain.fit`
-processes, and the chief measures held-out accuracy every `eval_every_steps`
+processes, or of TF 2's own strategies' programs (the peers, tf2_pss and
+tf2_mwms: disttrain/bench/peers/, given the task's data and a JSON spec),
+and the chief measures held-out accuracy every `eval_every_steps`
 global steps, on the whole held-out set, with the live variables. Time runs
 from the end of the chief's first step (start-up, from spawning the
 processes through that step and its one-off graph optimisation, is reported
@@ -18,9 +20,6 @@ Tasks ship their data, no download at run time:
   seeded 8x8 blocks of colour plus pixel noise, labelled by a fixed teacher
   (a random linear layer on the block colours), so the zoo's CIFAR-10 CNN
   has something learnable at its real shapes.
-
-What this does not do: run TF 1's default layout or TF 2's own strategies
-(their benchmark programs implement the synthetic MLP and CIFAR-10 CNN only).
 """
 
 from __future__ import annotations
@@ -38,12 +37,19 @@ import numpy as np
 import tensorflow as tf
 
 import disttrain
+from disttrain.bench import tf2
+from disttrain.bench.peers import tf2_heldout
 from disttrain.local import free_port, task_env
+from disttrain.strategies import TFDefault
 
 v1 = tf.compat.v1
 
 HELD_OUT_FILE = "heldout.jsonl"
 MOMENTUM = 0.9
+# As the benchmark (gin/bench/common.gin): one compute thread per task, so that one
+# process uses one core, as each worker does.
+COMPUTE_THREADS = 1
+PEER_WAIT_SECS = 120  # a TF 2 PSS chief waits this long for its PS and workers to listen
 
 
 # ---- tasks: data that ships in a package, and the zoo model that learns it ----------------------
@@ -127,7 +133,10 @@ TASKS = {
 
 @dataclasses.dataclass(frozen=True)
 class System:
-    """One way of training: the strategy fit builds (None: one process alone), and whether it has a PS."""
+    """One way of training: the strategy fit builds, or a TF 2 peer program; whether it has a PS.
+
+    Neither strategy nor peer: one process alone.
+    """
 
     strategy: Callable | None
     uses_ps: bool = False
@@ -140,6 +149,11 @@ class System:
     # arXiv 1511.05950, divide by each gradient's staleness; here its mean, `staleness`).
     staleness_aware: bool = False
     overlap: bool = False
+    peer: str | None = None  # a TF 2 strategy's program (bench.tf2.PEERS), run instead of disttrain.fit
+
+    @property
+    def one_process(self) -> bool:
+        return self.strategy is None and self.peer is None
 
 
 SYSTEMS = {
@@ -173,12 +187,16 @@ SYSTEMS = {
     "allreduce_bf16": System(
         functools.partial(disttrain.SyncAllReduce, transfer_dtype="bfloat16"), synchronous=True
     ),
+    "tf_default": System(TFDefault, uses_ps=True),  # TF 1's default layout
+    # TF 2's strategies: PSS is async (as `async`), MWMS all-reduces (as `allreduce`).
+    "tf2_pss": System(None, uses_ps=True, peer="tf2_pss"),
+    "tf2_mwms": System(None, synchronous=True, peer="tf2_mwms"),
 }
 
 
 def examples_per_step(system: System, workers: int, batch_size: int) -> int:
     """Training examples behind one increment of the global step."""
-    if system.strategy is None or not system.synchronous:
+    if system.one_process or not system.synchronous:
         return batch_size
     return (workers - system.backup_workers) * batch_size
 
@@ -189,7 +207,7 @@ def staleness(system: System, workers: int) -> int:
     Async: the other workers' updates, and this worker's own previous one under
     overlap (its gradient is computed while the last one is in flight). Sync: 1.
     """
-    if system.strategy is None or system.synchronous:
+    if system.one_process or system.synchronous:
         return 1
     return workers * (2 if system.overlap else 1)
 
@@ -238,77 +256,58 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
         hooks=[hook],
         log_every_steps=100,
         save_checkpoint_steps=10**9,
-        # As the benchmark (gin/bench/common.gin): one compute thread per task, so that one
-        # process uses one core, as each worker does; no NaN guard in the measured steps.
-        intra_op_threads=1,
-        inter_op_threads=1,
-        check_numerics=False,
+        intra_op_threads=COMPUTE_THREADS,
+        inter_op_threads=COMPUTE_THREADS,
+        check_numerics=False,  # no NaN guard in the measured steps
     )
 
 
 class HeldOutHook(v1.train.SessionRunHook):
     """On the chief: held-out accuracy every `every` global steps, with the live variables.
 
-    Writes one JSON line per evaluation: global step, examples, seconds since
-    the first step ended (evaluations excluded; the first step, with its
-    one-off graph optimisation, counts as start-up), accuracy, and the wall
-    time the first step ended (for the start-up figure).
+    Writes one JSON line per evaluation (tf2_heldout.Curve, as the TF 2
+    peers do): global step, examples, seconds since the first step ended
+    (evaluations excluded; the first step, with its one-off graph
+    optimisation, counts as start-up), accuracy, and the wall time the first
+    step ended (for the start-up figure).
     """
 
     def __init__(self, model, x, y, every: int, per_step: int, path: str):
-        self._model, self._x, self._y = model, x, y
-        self._every, self._per_step, self._path = every, per_step, path
+        self._model, self._every = model, every
+        self._curve = tf2_heldout.Curve(path, per_step, x, y)
 
     def begin(self):
         self._active = disttrain.Cluster.from_env().is_chief
         if not self._active:
             return
         self._step = v1.train.get_global_step()
-        self._features = v1.placeholder(tf.float32, (None,) + self._x.shape[1:])
+        self._features = v1.placeholder(tf.float32, (None,) + self._curve.x.shape[1:])
         self._labels = v1.placeholder(tf.int32, (None,))
         with v1.variable_scope(v1.get_variable_scope(), reuse=True), tf.name_scope("heldout"):
             logits = self._model(self._features, training=False)
         self._correct = tf.reduce_sum(
             tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), self._labels), tf.int32)
         )
-        self._t0 = self._first_wall = None
-        self._eval_secs, self._next, self._last = 0.0, self._every, -1
+        self._next = self._every
 
     def before_run(self, run_context):
         return v1.train.SessionRunArgs(self._step) if self._active else None
 
     def after_run(self, run_context, run_values):
-        if self._active and self._t0 is None:
-            self._t0, self._first_wall = time.perf_counter(), time.time()
+        if self._active:
+            self._curve.start()
         if self._active and run_values.results >= self._next:
             self._evaluate(run_context.session, int(run_values.results))
             self._next = (run_values.results // self._every + 1) * self._every
 
     def end(self, session):
-        if self._active and self._t0 is not None:
+        if self._active and self._curve.t0 is not None:
             self._evaluate(session, int(session.run(self._step)))
 
     def _evaluate(self, session, step: int):
-        if step == self._last:
-            return
-        began = time.perf_counter()
-        seconds = began - self._t0 - self._eval_secs  # training time only
-        feeds = [
-            {self._features: self._x[i : i + 500], self._labels: self._y[i : i + 500]}
-            for i in range(0, len(self._y), 500)
-        ]
-        correct = sum(session.run(self._correct, feed) for feed in feeds)
-        self._eval_secs += time.perf_counter() - began
-        row = {
-            "global_step": step,
-            "examples": step * self._per_step,
-            "seconds": seconds,
-            "accuracy": correct / len(self._y),
-            "first_step_wall": self._first_wall,
-        }
-        with open(self._path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        self._last = step
+        self._curve.evaluate(
+            step, lambda x, y: session.run(self._correct, {self._features: x, self._labels: y})
+        )
 
 
 # ---- the launcher -------------------------------------------------------------------------------
@@ -333,40 +332,103 @@ def run_system(
     eval_every_steps = eval_every_steps or spec.eval_every_steps
     how = SYSTEMS[system]
     os.makedirs(logdir, exist_ok=True)
+    if how.peer:
+        argv = peer_command(task, system, workers, examples, eval_every_steps, logdir)
+    else:
+        args = dict(task=task, system=system, workers=workers, examples=examples)
+        args.update(eval_every_steps=eval_every_steps, logdir=logdir)
+        code = f"from disttrain.bench.accuracy import train_process; train_process(**{args!r})"
+        argv = [sys.executable, "-c", code]
+    spawned = time.time()
+    codes = run_cluster(argv, cluster_of(how, workers), logdir, timeout)
+    curve = read_curve(logdir)
+    return summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
+
+
+def cluster_of(system: System, workers: int) -> dict[str, list[str]]:
+    """Each job's task addresses: none for one process; else the workers, a PS if the system uses one.
+
+    TF 2's PSS also has a chief: its coordinator, which schedules the steps on the workers.
+    """
     cluster: dict[str, list[str]] = {}
-    if how.strategy is not None:
-        cluster["worker"] = [f"127.0.0.1:{free_port()}" for _ in range(workers)]
-        if how.uses_ps:
-            cluster["ps"] = [f"127.0.0.1:{free_port()}"]
-    args = dict(
-        task=task, system=system, workers=workers, examples=examples, eval_every_steps=eval_every_steps
-    )
-    args["logdir"] = logdir
-    code = f"from disttrain.bench.accuracy import train_process; train_process(**{args!r})"
+    if system.one_process:
+        return cluster
+    if system.peer and system.uses_ps:
+        cluster["chief"] = [f"127.0.0.1:{free_port()}"]
+    cluster["worker"] = [f"127.0.0.1:{free_port()}" for _ in range(workers)]
+    if system.uses_ps:
+        cluster["ps"] = [f"127.0.0.1:{free_port()}"]
+    return cluster
+
+
+def run_cluster(argv: list[str], cluster: dict, logdir: str, timeout: float) -> list[int] | None:
+    """`argv` once per task of `cluster` (TF_CONFIG says which; one process if empty); the exit codes.
+
+    Each task logs to `<logdir>/<job>_<i>.log`. None if they outlived `timeout` seconds.
+    """
     base = task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
     tasks = [(job, i) for job in cluster for i in range(len(cluster[job]))] or [("local", 0)]
-    spawned = time.time()
     procs = []
     for job, i in tasks:
         env = dict(base)
         if cluster:
             env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": job, "index": i}})
-        log = open(os.path.join(logdir, f"{job}_{i}.log"), "w")
-        procs.append(
-            subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT)
-        )
+        with open(os.path.join(logdir, f"{job}_{i}.log"), "w") as log:
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
     try:
-        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
     except subprocess.TimeoutExpired:
-        codes = None
+        return None
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    curve = read_curve(logdir)
-    return summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
+
+
+def peer_command(task: str, system: str, workers: int, examples: int, eval_every_steps: int, logdir: str):
+    """A TF 2 peer's command line, after writing what it needs (it cannot import disttrain) to `logdir`.
+
+    The task's data as made here (task.npz: one definition of the split) and
+    a JSON spec (peer_spec.json): the model_zoo model's sizes and variables,
+    the batch, momentum SGD at the rate of disttrain's systems of its kind,
+    one compute thread, and the run's steps and evaluation cadence.
+    """
+    spec, how = TASKS[task], SYSTEMS[system]
+    data_path, done_path = os.path.join(logdir, "task.npz"), os.path.join(logdir, "done")
+    np.savez(data_path, **dict(zip(("train_x", "train_y", "held_x", "held_y"), spec.data(), strict=True)))
+    if os.path.exists(done_path):
+        os.remove(done_path)  # a PS or worker would take it for this run's end
+    model, per_step = spec.model(), examples_per_step(how, workers, spec.batch_size)
+    rate = learning_rate(spec, how, workers)  # as disttrain's systems of its kind
+    peer_spec = {
+        "system": system,
+        "model": tf2.zoo_model_spec(model),
+        "variables": tf2.zoo_variables(model),
+        "batch_size": spec.batch_size,
+        "optimizer": {"name": "momentum", "learning_rate": rate, "momentum": how.momentum},
+        "intra_op_threads": COMPUTE_THREADS,
+        "inter_op_threads": COMPUTE_THREADS,
+        "steps_per_function": tf2.steps_per_function(eval_every_steps),
+        "variable_partitioner": None,  # TF's default placement, round robin by count
+        "min_shard_bytes": tf2.MIN_SHARD_BYTES,
+        "bytes_per_pack": tf2.strategy_bucket_bytes(disttrain.SyncAllReduce),
+        "peer_wait_secs": PEER_WAIT_SECS,
+        "placement_path": os.path.join(logdir, "placement.json"),
+        "heldout": {
+            "data_path": data_path,
+            "path": os.path.join(logdir, HELD_OUT_FILE),
+            "done_path": done_path,
+            "eval_every_steps": eval_every_steps,
+            "steps": max(1, examples // per_step),
+            "examples_per_step": per_step,
+        },
+    }
+    spec_path = os.path.join(logdir, "peer_spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(peer_spec, f, indent=1)
+    return [sys.executable, tf2.PEERS[how.peer].path, f"--spec={spec_path}"]
 
 
 def read_curve(logdir: str) -> list[dict]:

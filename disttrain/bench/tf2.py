@@ -105,17 +105,22 @@ PEER_MODELS = {MLP: "mlp", Cifar10: "cifar10"}
 
 def model_spec(config: TrainConfig) -> dict:
     """The model's name and sizes as the peers build it; PeerUnsupported for any other model or input."""
-    model = config.model
+    spec = zoo_model_spec(config.model)
+    if inspect.unwrap(config.input_fn) is not inputs.synthetic:
+        raise PeerUnsupported(
+            f"the TF 2 peers implement synthetic input only; the config's input is {config.input_fn!r}"
+        )
+    return spec
+
+
+def zoo_model_spec(model) -> dict:
+    """A model_zoo model's name and sizes as the peers build it; PeerUnsupported for a model they lack."""
     name = PEER_MODELS.get(type(model))
     if name is None:
         known = " and ".join(cls.__name__ for cls in PEER_MODELS)
         raise PeerUnsupported(
             f"the TF 2 peers implement the model_zoo {known} only; the config's model is "
             f"{type(model).__name__}: leave tf2_* out of --systems for it"
-        )
-    if inspect.unwrap(config.input_fn) is not inputs.synthetic:
-        raise PeerUnsupported(
-            f"the TF 2 peers implement synthetic input only; the config's input is {config.input_fn!r}"
         )
     spec = dict(name=name, input_shape=list(model.input_shape), num_classes=model.num_classes)
     if name == "mlp":
@@ -126,19 +131,24 @@ def model_spec(config: TrainConfig) -> dict:
 
 
 def model_variables(config: TrainConfig) -> list[dict]:
-    """model_zoo's trainable variables of the config's model, in creation order: name and shape.
+    """model_zoo's trainable variables of the config's model: `zoo_variables`."""
+    return zoo_variables(config.model)
+
+
+def zoo_variables(model) -> list[dict]:
+    """A model_zoo model's trainable variables, in creation order: name and shape.
 
     The peers build their own copy of the model and stop if its variables
     differ from these. PeerUnsupported if the model has non-trainable
     variables (batch norm's moving statistics), which the peers do not update.
     """
     with tf.Graph().as_default():
-        config.model.build_variables()
+        model.build_variables()
         trainable = v1.trainable_variables()
         others = [v.op.name for v in v1.global_variables() if v.op.name not in {t.op.name for t in trainable}]
         if others:
             raise PeerUnsupported(
-                f"the TF 2 peers update trainable variables only; {type(config.model).__name__} also has "
+                f"the TF 2 peers update trainable variables only; {type(model).__name__} also has "
                 f"{', '.join(others)}: leave tf2_* out of --systems for it"
             )
         return [{"name": v.op.name, "shape": v.shape.as_list()} for v in trainable]
@@ -146,8 +156,13 @@ def model_variables(config: TrainConfig) -> list[dict]:
 
 def bucket_bytes(allreduce_config: TrainConfig) -> int:
     """SyncAllReduce.bucket_bytes as the config binds it (for MWMS's bytes_per_pack)."""
+    return strategy_bucket_bytes(allreduce_config.strategy)
+
+
+def strategy_bucket_bytes(make_strategy) -> int:
+    """The bucket_bytes of the SyncAllReduce `make_strategy(cluster)` builds."""
     view = Cluster(jobs={WORKER: ["localhost:1", "localhost:2"]}, task_type=WORKER, task_index=0)
-    return allreduce_config.strategy(view).bucket_bytes
+    return make_strategy(view).bucket_bytes
 
 
 def spec(peer: Peer, config: TrainConfig, pack_bytes: int) -> dict:

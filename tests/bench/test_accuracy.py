@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from disttrain.bench import accuracy
 from tests import REPO
 
 ACCURACY = os.path.join(REPO, "bin", "accuracy.py")
+PEERS = os.path.join(REPO, "disttrain", "bench", "peers")
 
 
 def curve(*points, step_every=10, per_step=32, wall=1000.0):
@@ -47,6 +49,28 @@ def test_learning_rate_scales_with_the_global_batch_only_where_the_task_says():
     # Lower momentum, same effective rate: rate / (1 - momentum) is the task's.
     low = accuracy.learning_rate(digits, s["async_overlap_low_momentum"], 2)
     assert low / (1 - 0.5) == pytest.approx(digits.learning_rate / (1 - accuracy.MOMENTUM))
+
+
+def test_tf2_and_tf_default_systems_step_and_rate_as_disttrain_systems_of_their_kind():
+    digits, s = accuracy.TASKS["digits"], accuracy.SYSTEMS
+    for peer, kind in (("tf2_pss", "async"), ("tf_default", "async"), ("tf2_mwms", "allreduce")):
+        assert accuracy.examples_per_step(s[peer], 4, 32) == accuracy.examples_per_step(s[kind], 4, 32)
+        assert accuracy.learning_rate(digits, s[peer], 4) == accuracy.learning_rate(digits, s[kind], 4)
+        assert accuracy.staleness(s[peer], 4) == accuracy.staleness(s[kind], 4)
+    assert accuracy.cluster_of(s["tf2_pss"], 2).keys() == {"chief", "worker", "ps"}
+    assert accuracy.cluster_of(s["tf2_mwms"], 2).keys() == {"worker"}
+    assert accuracy.cluster_of(s["tf_default"], 2).keys() == {"worker", "ps"}
+    assert accuracy.cluster_of(s["one_process"], 2) == {}
+
+
+def test_tf2_peers_evaluate_on_the_cadence_and_at_the_end():
+    spec = importlib.util.spec_from_file_location("tf2_heldout", os.path.join(PEERS, "tf2_heldout.py"))
+    heldout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heldout)
+    chunks = heldout.chunks(total=57, every=25, per_function=10)
+    steps = [(1, False), (10, False), (10, False), (4, True), (10, False), (10, False), (5, True), (7, True)]
+    assert chunks == steps
+    assert heldout.chunks(total=1, every=25, per_function=5) == [(1, True)]
 
 
 def test_staleness_aware_rate_divides_by_the_mean_staleness():
@@ -143,6 +167,28 @@ def test_accuracy_command_end_to_end_on_digits(tmp_path):
         assert row["final_examples"] >= 7900 and row["final_accuracy"] > 0.8, row
     assert "| digits | sync_ps | 2 |" in r.stdout
     assert (tmp_path / "digits.png").exists()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("system", ["tf2_pss", "tf2_mwms", "tf_default"])
+def test_tf2_and_tf_default_systems_train_digits(system, tmp_path):
+    """20 steps on 2 workers: held-out rows on the cadence, the step moving, every process exiting 0."""
+    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
+    how = accuracy.SYSTEMS[system]
+    examples = 20 * accuracy.examples_per_step(how, 2, accuracy.TASKS["digits"].batch_size)
+    row = accuracy.run_system(
+        "digits", system, 2, str(tmp_path), examples=examples, eval_every_steps=10, timeout=300
+    )
+    assert "failed" not in row, (row, _logs(tmp_path))  # also: every process exited 0
+    steps = [c["global_step"] for c in accuracy.read_curve(str(tmp_path))]
+    assert steps[0] < steps[-1] and steps[-1] >= 19, steps
+    if how.peer:
+        assert steps == [10, 20]  # a peer evaluates exactly on the cadence
+    assert row["final_examples"] >= 19 * examples // 20 and row["final_accuracy"] > 0.2, row
+
+
+def _logs(logdir) -> str:
+    return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted(logdir.glob("*.log")))
 
 
 def test_unknown_system_is_named_with_the_known_ones():

@@ -14,7 +14,8 @@ normal weights, zero biases), softmax cross-entropy, and the same synthetic
 input (one fixed random batch per replica, repeated); the spec lists
 model_zoo's variables and a peer checks its own against them. The optimizer
 applies the same fused kernels as TF 1's optimizers (ResourceApplyAdam,
-ResourceApplyGradientDescent), so a step costs what disttrain's step costs.
+ResourceApplyGradientDescent, ResourceApplyMomentum), so a step costs what
+disttrain's step costs.
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def _handle(var):
 
 
 class Optimizer:
-    """TF 1's Adam or plain SGD, as fused kernels on each variable (where the variable lives).
+    """TF 1's Adam, momentum SGD or plain SGD, as fused kernels on each variable (where the variable lives).
 
     Slots are made with `colocate(var)` (the strategy's colocate_vars_with), so
     they live with their variable. `step` (an int64 variable the caller makes
@@ -309,27 +310,32 @@ class Optimizer:
     as two variables; the values are the same).
     """
 
+    SLOTS = {"adam": ("Adam", "Adam_1"), "momentum": ("Momentum",), "sgd": ()}  # as TF 1 names them
+
     def __init__(self, spec: dict, variables: list, colocate, step: tf.Variable):
         o = spec["optimizer"]
         self.name = o["name"]
+        if self.name not in self.SLOTS:
+            raise ValueError(f"optimizer {self.name!r}: expected one of {sorted(self.SLOTS)}")
         self.lr = o["learning_rate"]
+        self.beta1, self.beta2, self.epsilon = o.get("beta1"), o.get("beta2"), o.get("epsilon")
+        self.momentum = o.get("momentum")
         self.step = step
         self.slots = []
-        if self.name == "adam":
-            self.beta1, self.beta2, self.epsilon = o["beta1"], o["beta2"], o["epsilon"]
-            for var in variables:
-                with colocate(var):
-                    self.slots.append((_zeros_like(var, "Adam"), _zeros_like(var, "Adam_1")))
-        elif self.name != "sgd":
-            raise ValueError(f"optimizer {self.name!r}: expected adam or sgd")
+        for var in variables:
+            with colocate(var):
+                self.slots.append(tuple(_zeros_like(var, suffix) for suffix in self.SLOTS[self.name]))
 
     def apply(self, grads: list, variables: list):
         """The update ops for one step's gradients, then the step's increment; returns the increment."""
-        updates = []
+        const = lambda x: tf.constant(x, tf.float32)
         if self.name == "adam":
             t = tf.cast(self.step.read_value() + 1, tf.float32)
             b1p, b2p = tf.pow(self.beta1, t), tf.pow(self.beta2, t)
-            for g, var, (m, v2) in zip(grads, variables, self.slots, strict=True):
+        updates = []
+        for g, var, slots in zip(grads, variables, self.slots, strict=True):
+            if self.name == "adam":
+                m, v2 = slots
                 updates.append(
                     tf.raw_ops.ResourceApplyAdam(
                         var=_handle(var),
@@ -337,19 +343,28 @@ class Optimizer:
                         v=_handle(v2),
                         beta1_power=b1p,
                         beta2_power=b2p,
-                        lr=tf.constant(self.lr, tf.float32),
-                        beta1=tf.constant(self.beta1, tf.float32),
-                        beta2=tf.constant(self.beta2, tf.float32),
-                        epsilon=tf.constant(self.epsilon, tf.float32),
+                        lr=const(self.lr),
+                        beta1=const(self.beta1),
+                        beta2=const(self.beta2),
+                        epsilon=const(self.epsilon),
                         grad=g,
                     )
                 )
-        else:
-            for g, var in zip(grads, variables, strict=True):
+            elif self.name == "momentum":
+                (accum,) = slots
                 updates.append(
-                    tf.raw_ops.ResourceApplyGradientDescent(
-                        var=_handle(var), alpha=tf.constant(self.lr, tf.float32), delta=g
+                    tf.raw_ops.ResourceApplyMomentum(
+                        var=_handle(var),
+                        accum=_handle(accum),
+                        lr=const(self.lr),
+                        grad=g,
+                        momentum=const(self.momentum),
+                        use_nesterov=False,
                     )
+                )
+            else:
+                updates.append(
+                    tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=const(self.lr), delta=g)
                 )
         with tf.control_dependencies(updates):
             return self.step.assign_add(1)
@@ -386,7 +401,7 @@ def _zeros_like(var, suffix: str) -> tf.Variable:
 
 
 def replica_steps(strategy, model: Model, optimizer: Optimizer, steps: int, reduce=None):
-    """`run(iterator) -> (loss, global step)`: `steps` replica steps, for the body of a tf.function.
+    """`run(iterator[, n]) -> (loss, global step)`: `steps` replica steps, for the body of a tf.function.
 
     `reduce(grads)` combines the replicas' gradients before the update (MWMS's
     all-reduce); None applies each replica's own (PSS).
@@ -400,9 +415,10 @@ def replica_steps(strategy, model: Model, optimizer: Optimizer, steps: int, redu
             grads = reduce(grads)
         return loss, optimizer.apply(grads, model.trainable)
 
-    def run(iterator):
+    def run(iterator, n=None):
+        """`n` (a scalar int tensor: one trace for any count) replaces `steps` when given."""
         loss, global_step = tf.constant(0.0), tf.constant(0, tf.int64)
-        for _ in tf.range(steps):
+        for _ in tf.range(steps if n is None else n):
             features, labels = next(iterator)
             loss, global_step = strategy.run(replica_step, args=(features, labels))
         return loss, global_step

@@ -24,6 +24,11 @@ benchmark's throughput line every `log_every_steps` of that worker's steps to
 `lines_paths[i]`, timed by that worker's own clock, so the figures do not
 depend on when the coordinator fetched them. Worker 0's lines carry the
 cluster's rate (from the global step), as disttrain's chief's do.
+
+Accuracy mode (a spec with `heldout`, written by disttrain/bench/accuracy.py):
+the chief trains the spec's task for its number of global steps and evaluates
+the held-out set (tf2_heldout.py); when it is done, it writes `done_path`
+and every task exits 0.
 """
 
 import collections
@@ -38,10 +43,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 import tf2_common as common  # noqa: E402
+import tf2_heldout as heldout  # noqa: E402
 
 
 def serve(spec: dict, cluster: dict, job: str, index: int) -> None:
-    """A PS or worker task: serve until the benchmark ends the process."""
+    """A PS or worker task: serve until the benchmark ends it, or until the accuracy tool's chief is done."""
     common.set_threads(spec)
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster),
@@ -52,7 +58,12 @@ def serve(spec: dict, cluster: dict, job: str, index: int) -> None:
         start=True,
     )
     print(f"{common.task_name(job, index)} serving at {cluster[job][index]}", flush=True)
-    server.join()
+    if "heldout" not in spec:
+        server.join()  # never returns
+    while not os.path.exists(spec["heldout"]["done_path"]):  # the accuracy tool's run ends
+        time.sleep(0.2)
+    print(f"{common.task_name(job, index)}: the chief is done", flush=True)
+    os._exit(0)  # a running server does not shut down cleanly
 
 
 def wait_for_tasks(addresses: list[str], timeout: float) -> None:
@@ -70,8 +81,8 @@ def wait_for_tasks(addresses: list[str], timeout: float) -> None:
                 time.sleep(0.2)
 
 
-def coordinate(spec: dict, cluster: dict) -> None:
-    """The chief: build, then schedule steps for ever, writing each worker's throughput lines."""
+def build(spec: dict, cluster: dict):
+    """The chief's strategy, coordinator, model, global step and optimizer, the variables on the PS."""
     common.set_threads(spec)
     wait_for_tasks(cluster[common.PS] + cluster[common.WORKER], spec["peer_wait_secs"])
     num_ps, num_workers = len(cluster[common.PS]), len(cluster[common.WORKER])
@@ -94,16 +105,27 @@ def coordinate(spec: dict, cluster: dict) -> None:
     with open(spec["placement_path"], "w") as f:
         json.dump({"ps_bytes": loads, "variables": placed}, f, indent=1)
     print(f"chief: {num_workers} worker(s), {num_ps} PS; model bytes per PS {loads}", flush=True)
+    return strategy, coordinator, model, step, optimizer
 
-    def dataset_fn(input_context):
-        del input_context  # one pipeline per worker; the worker's index seeds its batch
-        return common.synthetic(spec, tf.distribute.coordinator.experimental_get_current_worker_index())
+
+def per_worker_iterator(strategy, coordinator, dataset_fn):
+    """An iterator over each worker's own dataset, `dataset_fn(worker index tensor)`."""
 
     @tf.function
     def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_fn)
+        return strategy.distribute_datasets_from_function(
+            # One pipeline per worker (the context's id is not the worker's): the worker's index.
+            lambda _: dataset_fn(tf.distribute.coordinator.experimental_get_current_worker_index())
+        )
 
-    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    return iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+
+def coordinate(spec: dict, cluster: dict) -> None:
+    """The chief: build, then schedule steps for ever, writing each worker's throughput lines."""
+    strategy, coordinator, model, _, optimizer = build(spec, cluster)
+    num_workers = len(cluster[common.WORKER])
+    iterator = per_worker_iterator(strategy, coordinator, lambda worker: common.synthetic(spec, worker))
     steps_per_function = spec["steps_per_function"]
     steps = common.replica_steps(strategy, model, optimizer, steps_per_function)
 
@@ -133,10 +155,45 @@ def coordinate(spec: dict, cluster: dict) -> None:
         intervals[int(worker)].add(steps_per_function, int(global_step), float(loss), float(seconds))
 
 
+def coordinate_accuracy(spec: dict, cluster: dict) -> None:
+    """The chief in the accuracy tool: train the task, evaluating the held-out set (tf2_heldout.py).
+
+    Before each evaluation it waits for every scheduled function
+    (`coordinator.join()`), so the evaluation sees the variables at exactly
+    its global step and no worker trains on the excluded time.
+    """
+    tf.random.set_seed(0)  # the same initial weights and shuffles every run
+    strategy, coordinator, model, step, optimizer = build(spec, cluster)
+    data = heldout.load_task(spec)
+    num_workers = len(cluster[common.WORKER])
+    iterator = per_worker_iterator(
+        strategy, coordinator, lambda worker: heldout.train_dataset(spec, data, worker, num_workers)
+    )
+    steps = common.replica_steps(strategy, model, optimizer, spec["steps_per_function"])
+    train_steps = tf.function(steps)
+    curve, correct = heldout.peer_curve(spec, data), heldout.correct_fn(model)
+    h = spec["heldout"]
+    for n, evaluate in heldout.chunks(h["steps"], h["eval_every_steps"], spec["steps_per_function"]):
+        done = coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+        if curve.t0 is None:
+            done.fetch()
+            curve.start()
+        if evaluate:
+            coordinator.join()
+            curve.evaluate(int(step.read_value()), correct)
+
+
 def main() -> None:
     spec = common.load_spec(sys.argv)
     cluster, job, index = common.tf_config()
-    if job == common.CHIEF:
+    if job == common.CHIEF and "heldout" in spec:
+        try:
+            coordinate_accuracy(spec, cluster)
+        finally:
+            open(spec["heldout"]["done_path"], "w").close()  # the PS and workers exit
+        sys.stdout.flush()
+        os._exit(0)  # now: a normal exit would reach for the tasks that just left, to release functions
+    elif job == common.CHIEF:
         coordinate(spec, cluster)
     elif job in (common.PS, common.WORKER):
         serve(spec, cluster, job, index)
