@@ -17,6 +17,10 @@ import tensorflow as tf
 # Placement needs it to list a split variable's parts. Without it: split variables go unrecognised.
 from tensorflow.python.ops.variables import PartitionedVariable
 
+# The v1 Saver's own mapping from variables to checkpoint keys (a split variable's parts are slices of one
+# key). Without it: trainer.check_restorable, the chief's start-up check of a checkpoint, goes.
+from tensorflow.python.training.saving.saveable_object_util import op_list_to_dict
+
 v1 = tf.compat.v1
 
 TF_VERSION_CHECKED = "2.21.0"
@@ -26,6 +30,7 @@ __all__ = [
     "PartitionedVariable",
     "RoundsQueueRunner",
     "add_control_input",
+    "checkpoint_keys",
     "in_control_flow",
     "set_device",
     "set_global_step_read",
@@ -146,3 +151,18 @@ class RoundsQueueRunner(v1.train.QueueRunner):
             if not decremented:
                 with self._lock:
                     self._runs_per_session[sess] -= 1
+
+
+def checkpoint_keys(variables) -> dict[str, list[int]]:
+    """The keys a v1 Saver of `variables` reads from a checkpoint, each with its whole shape.
+
+    A split variable is one key with the shape of the whole variable, however
+    many parts it has here: its parts are slices of it.
+    """
+    keys = {}
+    for name, value in op_list_to_dict(list(variables), convert_variable_to_tensor=False).items():
+        if isinstance(value, list):  # the parts of a split variable
+            keys[name] = list(value[0]._save_slice_info.full_shape)
+        else:
+            keys[name] = value.shape.as_list()
+    return keys

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics, preemption, recovery, servers
+from disttrain import input_context, metrics, preemption, recovery, servers, tf_internals
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
@@ -293,6 +293,31 @@ def usable_checkpoint(logdir: str) -> str | None:
     return None
 
 
+def check_restorable(checkpoint: str | None, variables) -> None:
+    """Refuse, in one line before any session, a checkpoint this graph cannot restore.
+
+    Split variables are compared whole (key and shape), as the Saver reads
+    them: TF re-slices a checkpoint written on any number of PS for any
+    other and for one process. A variable the checkpoint lacks, or holds in
+    another shape, would otherwise fail the restore on the PS tasks with
+    pages of traceback.
+    """
+    if checkpoint is None:
+        return
+    saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+    for name, shape in sorted(tf_internals.checkpoint_keys(variables).items()):
+        if name not in saved:
+            problem = "has no variable"
+        elif list(saved[name]) != shape:
+            problem = f"holds {list(saved[name])}, not {shape}, for"
+        else:
+            continue
+        raise ConfigError(
+            f"the checkpoint {checkpoint} {problem} {name!r} of this model: it was written by another "
+            "model or optimizer; give a new --logdir (or logdir=), or train what wrote it"
+        )
+
+
 def check_writable(logdir: str) -> None:
     """Fail with one clear line if checkpoints and events cannot be written to `logdir`."""
     probe = os.path.join(logdir, f".write_probe_{os.getpid()}")
@@ -465,7 +490,7 @@ def _session_creator(cluster: Cluster, scaffold, target, session_config, setting
         return _WorkerSessionCreator(
             scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs
         )
-    usable_checkpoint(logdir)
+    check_restorable(usable_checkpoint(logdir), v1.global_variables())
     return recovery.ChiefSessionCreator(
         scaffold,
         target,
