@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 import disttrain
+from disttrain import schedules
 from disttrain.bench import tf2
 from disttrain.bench.peers import tf2_heldout
 from disttrain.local import free_port, task_env
@@ -68,6 +69,7 @@ class Task:
     examples: int  # training examples per run, the same for every system
     eval_every_steps: int
     scale_learning_rate: bool = True  # linearly with the global batch, for sync systems
+    warmup_examples: int = 0  # a scaled rate ramps up linearly over these (Goyal et al. 2017)
 
 
 def digits_data(seed: int = 0, held_out: int = 397):
@@ -113,7 +115,8 @@ def _cifar10(width: int = 16):
 
 TASKS = {
     "digits": Task("digits", digits_data, _mlp, 0.02, 32, target=0.95, examples=20000, eval_every_steps=25),
-    # The CIFAR-10 CNN collapsed to one class at 0.008 (2 sync workers' scaled rate) and at 0.01.
+    # The CIFAR-10 CNN collapsed to one class at 0.008 (2 sync workers' scaled rate) and at 0.01
+    # without warmup.
     "teacher": Task(
         "teacher",
         teacher_data,
@@ -123,7 +126,7 @@ TASKS = {
         target=0.6,
         examples=40000,
         eval_every_steps=50,
-        scale_learning_rate=False,
+        warmup_examples=6400,
     ),
 }
 
@@ -142,12 +145,9 @@ class System:
     uses_ps: bool = False
     synchronous: bool = False
     backup_workers: int = 0
-    # Staleness handled: a lower momentum at the same effective rate, rate / (1 - momentum).
-    # Asynchrony adds momentum of its own (Mitliagkas et al. 2016, arXiv 1605.09774).
-    momentum: float = MOMENTUM
-    # Staleness handled: the rate divided by the expected staleness (Zhang et al. 2016,
-    # arXiv 1511.05950, divide by each gradient's staleness; here its mean, `staleness`).
-    staleness_aware: bool = False
+    # Staleness handled: the momentum (and past zero, the rate) lowered for the implicit
+    # momentum asynchrony adds (disttrain.schedules.async_momentum).
+    compensated: bool = False
     overlap: bool = False
     peer: str | None = None  # a TF 2 strategy's program (bench.tf2.PEERS), run instead of disttrain.fit
 
@@ -162,19 +162,12 @@ SYSTEMS = {
     "async_overlap": System(
         functools.partial(disttrain.AsyncParameterServer, overlap=True), uses_ps=True, overlap=True
     ),
-    "async_low_momentum": System(disttrain.AsyncParameterServer, uses_ps=True, momentum=0.5),
-    "async_overlap_low_momentum": System(
+    "async_compensated": System(disttrain.AsyncParameterServer, uses_ps=True, compensated=True),
+    "async_overlap_compensated": System(
         functools.partial(disttrain.AsyncParameterServer, overlap=True),
         uses_ps=True,
         overlap=True,
-        momentum=0.5,
-    ),
-    "async_staleness_aware": System(disttrain.AsyncParameterServer, uses_ps=True, staleness_aware=True),
-    "async_overlap_staleness_aware": System(
-        functools.partial(disttrain.AsyncParameterServer, overlap=True),
-        uses_ps=True,
-        overlap=True,
-        staleness_aware=True,
+        compensated=True,
     ),
     "sync_ps": System(disttrain.SyncParameterServer, uses_ps=True, synchronous=True),
     "sync_ps_backup": System(
@@ -209,21 +202,35 @@ def staleness(system: System, workers: int) -> int:
     """
     if system.one_process or system.synchronous:
         return 1
-    return workers * (2 if system.overlap else 1)
+    return schedules.async_staleness(workers, system.overlap)
 
 
 def learning_rate(task: Task, system: System, workers: int) -> float:
     """The task's rate, scaled linearly with the global batch for sync systems (Goyal et al. 2017).
 
-    Without a warm-up: a task whose model diverges at the scaled rate does not scale it. A system
-    with a lower momentum keeps the task's effective rate, rate / (1 - momentum).
+    A compensated async system takes `schedules.async_momentum`'s rate (the
+    task's, unless the staleness is more than the momentum can absorb).
     """
-    rate = task.learning_rate * (1 - system.momentum) / (1 - MOMENTUM)
-    if system.staleness_aware:
-        rate /= staleness(system, workers)
-    if not task.scale_learning_rate:
-        return rate
-    return rate * examples_per_step(system, workers, task.batch_size) / task.batch_size
+    rate, _ = rate_and_momentum(task, system, workers)
+    return rate
+
+
+def rate_and_momentum(task: Task, system: System, workers: int) -> tuple[float, float]:
+    """The peak rate and the momentum `system` trains `task` with on `workers` workers."""
+    rate, momentum = task.learning_rate, MOMENTUM
+    if system.compensated:
+        rate, momentum = schedules.async_momentum(rate, momentum, staleness(system, workers))
+    if task.scale_learning_rate:
+        rate *= examples_per_step(system, workers, task.batch_size) / task.batch_size
+    return rate, momentum
+
+
+def warmup_steps(task: Task, system: System, workers: int) -> int:
+    """Global steps of linear warmup: only where the rate was scaled up, over the task's examples."""
+    per_step = examples_per_step(system, workers, task.batch_size)
+    if not task.scale_learning_rate or per_step == task.batch_size:
+        return 0
+    return task.warmup_examples // per_step
 
 
 # ---- in each task process -----------------------------------------------------------------------
@@ -244,11 +251,13 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
         return model.loss(model(features, training=True), labels)
 
     per_step = examples_per_step(how, workers, batch)
-    rate = learning_rate(spec, how, workers)
+    rate, momentum = rate_and_momentum(spec, how, workers)
+    warmup = warmup_steps(spec, how, workers)
+    rate = schedules.Constant(rate, warmup=warmup) if warmup else rate
     hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
     disttrain.fit(
         loss_fn,
-        lambda: v1.train.MomentumOptimizer(rate, how.momentum),
+        lambda: v1.train.MomentumOptimizer(rate, momentum),
         steps=max(1, examples // per_step),
         logdir=logdir,
         strategy=how.strategy,
@@ -401,13 +410,18 @@ def peer_command(task: str, system: str, workers: int, examples: int, eval_every
     if os.path.exists(done_path):
         os.remove(done_path)  # a PS or worker would take it for this run's end
     model, per_step = spec.model(), examples_per_step(how, workers, spec.batch_size)
-    rate = learning_rate(spec, how, workers)  # as disttrain's systems of its kind
+    rate, momentum = rate_and_momentum(spec, how, workers)  # as disttrain's systems of its kind
     peer_spec = {
         "system": system,
         "model": tf2.zoo_model_spec(model),
         "variables": tf2.zoo_variables(model),
         "batch_size": spec.batch_size,
-        "optimizer": {"name": "momentum", "learning_rate": rate, "momentum": how.momentum},
+        "optimizer": {
+            "name": "momentum",
+            "learning_rate": rate,
+            "momentum": momentum,
+            "warmup_steps": warmup_steps(spec, how, workers),
+        },
         "intra_op_threads": COMPUTE_THREADS,
         "inter_op_threads": COMPUTE_THREADS,
         "steps_per_function": tf2.steps_per_function(eval_every_steps),

@@ -45,10 +45,11 @@ def test_learning_rate_scales_with_the_global_batch_only_where_the_task_says():
     digits, teacher, s = accuracy.TASKS["digits"], accuracy.TASKS["teacher"], accuracy.SYSTEMS
     assert accuracy.learning_rate(digits, s["sync_ps"], 2) == pytest.approx(2 * digits.learning_rate)
     assert accuracy.learning_rate(digits, s["async"], 2) == digits.learning_rate
-    assert accuracy.learning_rate(teacher, s["allreduce"], 4) == pytest.approx(teacher.learning_rate)
-    # Lower momentum, same effective rate: rate / (1 - momentum) is the task's.
-    low = accuracy.learning_rate(digits, s["async_overlap_low_momentum"], 2)
-    assert low / (1 - 0.5) == pytest.approx(digits.learning_rate / (1 - accuracy.MOMENTUM))
+    assert accuracy.learning_rate(teacher, s["allreduce"], 4) == pytest.approx(4 * teacher.learning_rate)
+    # A scaled rate warms up over the task's examples; an unscaled one does not.
+    assert accuracy.warmup_steps(teacher, s["allreduce"], 2) == teacher.warmup_examples // 64 > 0
+    assert accuracy.warmup_steps(teacher, s["async"], 2) == 0
+    assert accuracy.warmup_steps(digits, s["sync_ps"], 2) == 0  # digits has none
 
 
 def test_tf2_and_tf_default_systems_step_and_rate_as_disttrain_systems_of_their_kind():
@@ -73,12 +74,13 @@ def test_tf2_peers_evaluate_on_the_cadence_and_at_the_end():
     assert heldout.chunks(total=1, every=25, per_function=5) == [(1, True)]
 
 
-def test_staleness_aware_rate_divides_by_the_mean_staleness():
+def test_compensated_async_lowers_the_momentum_for_the_staleness():
     digits, s = accuracy.TASKS["digits"], accuracy.SYSTEMS
     assert accuracy.staleness(s["async"], 4) == 4 and accuracy.staleness(s["async_overlap"], 4) == 8
     assert accuracy.staleness(s["sync_ps"], 4) == 1 and accuracy.staleness(s["one_process"], 1) == 1
-    rate = accuracy.learning_rate(digits, s["async_overlap_staleness_aware"], 2)
-    assert rate == pytest.approx(digits.learning_rate / 4)
+    assert accuracy.rate_and_momentum(digits, s["async"], 4) == (digits.learning_rate, accuracy.MOMENTUM)
+    rate, momentum = accuracy.rate_and_momentum(digits, s["async_overlap_compensated"], 4)
+    assert rate == pytest.approx(digits.learning_rate) and momentum == pytest.approx(0.2)  # 1 - 8 x 0.1
 
 
 def test_summary_gives_time_and_examples_to_the_first_evaluation_at_the_target():

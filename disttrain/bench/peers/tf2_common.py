@@ -318,6 +318,8 @@ class Optimizer:
         if self.name not in self.SLOTS:
             raise ValueError(f"optimizer {self.name!r}: expected one of {sorted(self.SLOTS)}")
         self.lr = o["learning_rate"]
+        # Linear warmup from 0 to lr over these steps, as disttrain.schedules.Constant(warmup=...).
+        self.warmup_steps = o.get("warmup_steps", 0)
         self.beta1, self.beta2, self.epsilon = o.get("beta1"), o.get("beta2"), o.get("epsilon")
         self.momentum = o.get("momentum")
         self.step = step
@@ -326,9 +328,18 @@ class Optimizer:
             with colocate(var):
                 self.slots.append(tuple(_zeros_like(var, suffix) for suffix in self.SLOTS[self.name]))
 
+    def rate(self) -> tf.Tensor:
+        """The learning rate at this step (the peak after warmup)."""
+        lr = tf.constant(self.lr, tf.float32)
+        if not self.warmup_steps:
+            return lr
+        step = tf.cast(self.step.read_value(), tf.float32)
+        return tf.where(step < self.warmup_steps, lr * step / self.warmup_steps, lr)
+
     def apply(self, grads: list, variables: list):
         """The update ops for one step's gradients, then the step's increment; returns the increment."""
         const = lambda x: tf.constant(x, tf.float32)
+        lr = self.rate()
         if self.name == "adam":
             t = tf.cast(self.step.read_value() + 1, tf.float32)
             b1p, b2p = tf.pow(self.beta1, t), tf.pow(self.beta2, t)
@@ -343,7 +354,7 @@ class Optimizer:
                         v=_handle(v2),
                         beta1_power=b1p,
                         beta2_power=b2p,
-                        lr=const(self.lr),
+                        lr=lr,
                         beta1=const(self.beta1),
                         beta2=const(self.beta2),
                         epsilon=const(self.epsilon),
@@ -356,16 +367,14 @@ class Optimizer:
                     tf.raw_ops.ResourceApplyMomentum(
                         var=_handle(var),
                         accum=_handle(accum),
-                        lr=const(self.lr),
+                        lr=lr,
                         grad=g,
                         momentum=const(self.momentum),
                         use_nesterov=False,
                     )
                 )
             else:
-                updates.append(
-                    tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=const(self.lr), delta=g)
-                )
+                updates.append(tf.raw_ops.ResourceApplyGradientDescent(var=_handle(var), alpha=lr, delta=g))
         with tf.control_dependencies(updates):
             return self.step.assign_add(1)
 
