@@ -109,9 +109,12 @@ class PreemptionHook(v1.train.SessionRunHook):
     when they stop too.
     """
 
-    def __init__(self, global_step, notices, is_chief: bool, poll_secs=0.25, settle_secs=3.0):
+    def __init__(
+        self, global_step, notices, is_chief: bool, poll_secs=0.25, settle_secs=3.0, stop_on_request=True
+    ):
         self._global_step, self._notices, self._is_chief = global_step, list(notices), is_chief
         self._poll_secs, self._settle_secs = poll_secs, settle_secs
+        self._stop_on_request = stop_on_request  # False: the strategy's vote stops the replicas
 
     def after_create_session(self, session, coord):
         if self._notices:
@@ -138,7 +141,7 @@ class PreemptionHook(v1.train.SessionRunHook):
                     return
 
     def after_run(self, run_context, run_values):
-        if preemption.requested():
+        if preemption.requested() and self._stop_on_request:
             run_context.request_stop()
 
     def end(self, session):

@@ -372,7 +372,14 @@ def monitored_session(
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
         notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
-    all_hooks.append(recovery.PreemptionHook(v1.train.get_global_step(), notices, cluster.is_chief))
+    all_hooks.append(
+        recovery.PreemptionHook(
+            v1.train.get_global_step(),
+            notices,
+            cluster.is_chief,
+            stop_on_request=not strategy.votes_on_preemption,
+        )
+    )
     if cluster.is_chief and (settings.save_checkpoint_steps or settings.save_checkpoint_secs):
         all_hooks.append(
             v1.train.CheckpointSaverHook(

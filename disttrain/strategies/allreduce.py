@@ -21,6 +21,7 @@ import itertools
 
 import tensorflow as tf
 
+from disttrain import preemption
 from disttrain.errors import ConfigError
 from disttrain.strategies import autotune as tuning
 from disttrain.strategies import sparse
@@ -266,6 +267,7 @@ class SyncAllReduce(Strategy):
         self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
         self.communication_hint = communication_hint
         self._keys = None
+        self._vote: tuple[tf.Tensor, tf.Tensor] | None = None  # (this replica's flag, the group's mean)
         self.tuner: tuning.Autotuner | None = None
         if autotune:
             first = tuning.Setting(self.bucket_bytes, self.max_subdivs)
@@ -323,9 +325,20 @@ class SyncAllReduce(Strategy):
             for i, g in zip(dense + rows, reduced + gathered, strict=True):
                 grads[i] = g
             grads_and_vars = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
+            with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
+                flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
+                (anywhere,) = all_reduce_mean([flag], self.group_size, 4, instance_keys=self._keys)
+                self._vote = (flag, anywhere)
         with tf.device(self.compute_devices[0]):
             grads_and_vars = self.clip_aggregate(grads_and_vars)
-        return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        return update if self._vote is None else tf.group(update, self._vote[1], name="train_and_vote")
+
+    @property
+    def votes_on_preemption(self) -> bool:
+        """With other replicas: a preempted replica cannot leave alone (the others' collectives would
+        wait for it); every step carries its flag, and all stop after the step that carried one."""
+        return self._vote is not None
 
     def _dense_or_rows(self, grad, var):
         """How a gradient travels: rows (a sparse one of a table larger than densify_below_bytes) or dense."""
@@ -335,8 +348,9 @@ class SyncAllReduce(Strategy):
         return grad if grad.shape.is_fully_defined() else tf.reshape(grad, var.shape)
 
     def hooks(self, last_step: int | None = None) -> list:
-        """The autotuner's search at session start, when there is one and other replicas."""
-        return [self.tuner.hook()] if self.tuner is not None and self.group_size > 1 else []
+        """The preemption vote; the autotuner's search at session start, when there is one."""
+        hooks = [_PreemptionVote(*self._vote)] if self._vote is not None else []
+        return hooks + ([self.tuner.hook()] if self.tuner is not None and self.group_size > 1 else [])
 
     # ---- sessions ----------------------------------------------------------
 
@@ -414,3 +428,25 @@ class SyncAllReduce(Strategy):
         if self.use_gpus and self.communication_hint == "nccl":
             config.experimental.collective_nccl = True  # graph mode picks NCCL only when told
         return config
+
+
+class _PreemptionVote(v1.train.SessionRunHook):
+    """Feeds this replica's preemption flag into each step; stops every replica after the step that had one.
+
+    A replica preempted between steps feeds 1 into its next step, whose
+    all-reduce carries it to all: each then stops after that same step, the
+    chief checkpoints it (disttrain.recovery.PreemptionHook), and all exit
+    with the transient code, so a restart resumes from that very step.
+    """
+
+    def __init__(self, flag: tf.Tensor, anywhere: tf.Tensor):
+        self._flag, self._anywhere = flag, anywhere
+
+    def before_run(self, run_context):
+        feed = {self._flag: 1.0 if preemption.requested() else 0.0}
+        return v1.train.SessionRunArgs(self._anywhere, feed_dict=feed)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results > 0:
+            preemption.request("a replica of the all-reduce group is being preempted")
+            run_context.request_stop()

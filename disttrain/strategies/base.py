@@ -140,8 +140,8 @@ class Strategy(abc.ABC):
       which the planner reads back from a built strategy;
     - `baseline`: a layout to compare against (the benchmark's systems), not a
       `--strategy` choice;
-    - optionally `recovers_in_process`, `gate_gradients`, `aggregate_clipped_at`
-      (see their comments below).
+    - optionally `recovers_in_process`, `gate_gradients`, `aggregate_clipped_at`,
+      `votes_on_preemption` (see their comments below).
 
     It must override `apply_gradients(optimizer, grads_and_vars, global_step)`,
     which returns the train op. It may override, with these signatures:
@@ -185,6 +185,9 @@ class Strategy(abc.ABC):
     # with `clip_aggregate`.
     aggregate_clipped_at: str | None = None
     _aggregate_clip: float | None = None
+    # True when its replicas agree, inside a step, to stop after it (one of its hooks stops them
+    # all when one is preempted); else a preempted replica stops on its own at its next boundary.
+    votes_on_preemption = False
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster

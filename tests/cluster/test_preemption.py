@@ -158,3 +158,29 @@ def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tm
     adopted = int(re.search(r"adopting the PS tasks' live state at global step (\d+)", log).group(1))
     assert saved >= at and adopted == saved, (at, saved, adopted)  # sync: nobody stepped meanwhile
     assert read_results(cluster.logdir)["worker_0"]["global_step"] >= 1500
+
+
+def test_sigterm_to_an_all_reduce_replica_stops_the_group_at_one_step_and_loses_none(tmp_path):
+    """No PS to pass the word: the step's own all-reduce carries the flag, and both stop after it."""
+    params = ["TrainConfig.train_steps=2000", "TrainConfig.log_every_steps=25", *BY_STEPS]
+    cluster = LocalCluster(
+        ["gin/mlp_allreduce.gin", TINY],
+        str(tmp_path / "logdir"),
+        num_ps=0,
+        num_workers=2,
+        gin_params=params,
+        max_restarts=1,
+    ).start()
+    chief, other = cluster.tasks
+    at, codes = signal_mid_run(cluster, other, signal.SIGTERM)
+    assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
+    for task in (chief, other):  # both stopped for the restart, neither was lost
+        assert any(f"{task.name} died (exit code {EXIT_TRANSIENT}); restarting" in e for e in cluster.events)
+    log = open(chief.log_path).read()
+    assert "preempted (a replica of the all-reduce group is being preempted)" in log
+    stopped = int(re.search(r"preempted: checkpointing at global step (\d+)", log).group(1))
+    assert stopped >= at and stopped in checkpoint_steps(cluster.logdir), describe_failure(cluster)
+    after = steps_after_restart(chief.log_path, "preempted: checkpointing")
+    after = [s for s in after if s > 0]
+    assert after and min(after) > stopped, (after[:5], stopped)  # resumed there: no step lost
+    assert read_results(cluster.logdir)["worker_0"]["global_step"] >= 2000

@@ -115,10 +115,14 @@ def test_16_bit_transfer_casts_before_and_accumulates_mean_in_float32(dtype, tf_
     np.testing.assert_allclose(out0[0], (a[0] + b[0]) / 2, rtol=tol, atol=tol)
 
 
+def gradient_collectives(graph):
+    """The all-reduces of gradients (not the one-float preemption vote each step carries)."""
+    return [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" not in op.name]
+
+
 def collective_input_bytes(graph) -> int:
     return sum(
-        op.inputs[0].shape.num_elements() * op.inputs[0].dtype.size
-        for op in ops_of(graph, "CollectiveReduceV2")
+        op.inputs[0].shape.num_elements() * op.inputs[0].dtype.size for op in gradient_collectives(graph)
     )
 
 
@@ -264,7 +268,7 @@ def test_all_reduce_leaves_backprop_as_tf_built_it():
 def test_all_reduce_passes_the_subdivision_cap_to_every_collective():
     for cap, expected in ((None, -1), (8, 8)):
         graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256, max_subdivs=cap))
-        reduces = ops_of(graph, "CollectiveReduceV2")
+        reduces = gradient_collectives(graph)
         assert len(reduces) > 1 and {op.get_attr("max_subdivs_per_device") for op in reduces} == {expected}
 
 
@@ -273,7 +277,7 @@ def test_all_reduce_towers_on_virtual_cpus_reduce_once_per_bucket():
     graph, _ = build(strategy)
     matmuls = {op.device for op in ops_of(graph, "MatMul") if op.name.startswith("tower_")}
     assert matmuls == {"/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1"}
-    assert len(ops_of(graph, "CollectiveReduceV2")) == 1  # towers are averaged first, on the host
+    assert len(gradient_collectives(graph)) == 1  # towers are averaged first, on the host
     assert strategy.session_config().device_count["CPU"] == 2
     assert strategy.examples_per_step(8) == 3 * 8 * 2
 
@@ -417,3 +421,15 @@ def test_sync_ps_hooks_aggregator_only_on_the_chief():
 def test_sync_ps_local_applies_directly():
     graph, _ = run_local(SyncParameterServer(Cluster.local()))
     assert not ops_of(graph, "ResourceConditionalAccumulator")
+
+
+def test_all_reduce_steps_carry_a_preemption_vote_and_a_flag_stops_every_replica():
+    strategy = SyncAllReduce(chief_cluster("worker", 0))
+    graph, _ = build(strategy)
+    (vote,) = [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" in op.name]
+    assert vote.inputs[0].shape.num_elements() == 1
+    assert strategy.votes_on_preemption
+    assert "_PreemptionVote" in [type(h).__name__ for h in strategy.hooks()]
+    alone = SyncAllReduce(Cluster.local())
+    build(alone)
+    assert not alone.votes_on_preemption and not alone.hooks()  # nobody to tell
