@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain import quiet
 from disttrain.local import free_port, task_env
 from tests import REPO
 from tests.cluster.helpers import wait_for_line
@@ -116,6 +117,9 @@ def test_example_trains_in_one_process(tmp_path, example):
     codes = run_all({"local": start(path, tmp_path, None, "local", 0)}, tmp_path)
     assert codes == {"local": 0}, logs(tmp_path)
     assert "finished: 20 local steps to global step 20" in logs(tmp_path)
+    # As written (disttrain imported first), none of TensorFlow's start-up lines on any CPU.
+    noise = [line for line in logs(tmp_path).splitlines() if quiet.is_start_up_line(line.encode())]
+    assert not noise, noise
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
