@@ -348,8 +348,10 @@ class _Aggregator(v1.train.SessionRunHook):
     other stop leaves the queues open for the next aggregator: a closed queue
     outlives the chief on the PS, and a session recovered after a PS restart
     (the queues live with the global step, often on a PS that did not
-    restart) or a restarted chief would find it closed; the replicas whose
-    reports it had counted are released to redo their step.
+    restart) or a restarted chief would find it closed. Every replica is
+    released instead: one left waiting would never see the stop (the chief's
+    own step waited for a token while its aggregator, stopped by a lost PS,
+    could no longer send one: the 20-minute soak hung there).
 
     A report tagged `last_step` or later is released at once, with no update:
     with backup workers, a straggler released from a stale step can start one
@@ -427,15 +429,15 @@ class _Aggregator(v1.train.SessionRunHook):
             if not (coord.should_stop() or self._closing):
                 coord.request_stop(e)
         finally:
-            # Not the end of training: the replicas whose reports it had counted redo their step
-            # (fresh values) and report to its successor.
-            if arrived and not self._closing:
+            # Not the end of training: every replica waiting at its token (counted or not yet) is
+            # released, so that its step returns and its session sees the stop (a lost PS: the
+            # session is recovered); each redoes its step with fresh values and reports to the
+            # next aggregator. A spare token is drained when a session is created (_DrainOwnTokens).
+            if not self._closing:
                 try:
-                    session.run(
-                        [ops.release[r] for r in sorted(arrived)], options=v1.RunOptions(timeout_in_ms=5000)
-                    )
+                    session.run(ops.release, options=v1.RunOptions(timeout_in_ms=5000))
                 except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
-                    log.warning("could not release the counted replicas: %s", str(e).splitlines()[0])
+                    log.warning("could not release the waiting replicas: %s", str(e).splitlines()[0])
             log.info(
                 "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
                 self.steps,

@@ -23,10 +23,17 @@ STRATEGIES = {  # gin file, more settings, training steps that outlast the short
 
 
 # The first short soak (async_ps, seed 1) found a replica hung for good, silently, in its first
-# step after an in-process recovery from a PS SIGKILL that followed a PS preemption (BUILD_NOTES).
-@pytest.mark.xfail(reason="issue 22: a replica can hang after recovering from a lost PS", strict=False)
+# step after an in-process recovery from a PS SIGKILL that followed a PS preemption (BUILD_NOTES);
+# not seen again in the soaks since, nor explained. The sync PS hangs the soaks found are fixed.
+ASYNC_HANG = pytest.mark.xfail(
+    reason="issue 22: an async replica once hung after recovering from a lost PS", strict=False
+)
+
+
 @pytest.mark.timeout(SECS + 900)  # the long soak outlasts pytest's default limit
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize(
+    "strategy", [pytest.param(s, marks=ASYNC_HANG) if s == "async_ps" else s for s in sorted(STRATEGIES)]
+)
 def test_chaos_soak(tmp_path, strategy):
     gin, settings, steps = STRATEGIES[strategy]
     steps = int(os.environ.get("DISTTRAIN_CHAOS_STEPS", steps))
