@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.fault]
 
 SECS = float(os.environ.get("DISTTRAIN_CHAOS_SECS", "120"))
 CHECKPOINT_STEPS, LOG_STEPS = 200, 25
-STRATEGIES = {  # gin file, more settings, training steps that outlast the short soak on a loaded 2-core machine
+# gin file, more settings, training steps that outlast the short soak on a loaded 2-core machine
+STRATEGIES = {
     "async_ps": ("gin/mlp_async.gin", [], 30000),
     "sync_ps": ("gin/mlp_sync.gin", ["SyncParameterServer.backup_workers=1"], 6000),
     "allreduce": ("gin/mlp_allreduce.gin", [], 12000),
