@@ -6,10 +6,9 @@ processes, or of TF 2's own strategies' programs (the peers, tf2_pss and
 tf2_mwms: disttrain/bench/peers/, given the task's data and a JSON spec),
 and the chief measures held-out accuracy every `eval_every_steps`
 global steps, on the whole held-out set, with the live variables. Time runs
-from the moment the chief's variables are ready, when any replica may step
-(start-up, from spawning the processes to then, is reported apart), so the
-first step and its one-off graph optimisation or tracing count, and it
-excludes the chief's evaluations. Every task computes on one
+from the end of the chief's first step (start-up, from spawning the
+processes through that step and its one-off graph optimisation, is reported
+apart) and excludes the chief's evaluations. Every task computes on one
 thread, as in the benchmark. The initial weights are seeded. A row
 gives the seconds and examples to the first evaluation at or above the
 target, and the last evaluation's accuracy.
@@ -276,10 +275,10 @@ class HeldOutHook(v1.train.SessionRunHook):
     """On the chief: held-out accuracy every `every` global steps, with the live variables.
 
     Writes one JSON line per evaluation (tf2_heldout.Curve, as the TF 2
-    peers do): global step, examples, seconds since the chief's session was
-    ready (evaluations excluded; an async worker may step before the chief's
-    first step ends, so that is not where the clock starts), accuracy, and
-    the wall time the clock started (for the start-up figure).
+    peers do): global step, examples, seconds since the first step ended
+    (evaluations excluded; the first step, with its one-off graph
+    optimisation, counts as start-up), accuracy, and the wall time the first
+    step ended (for the start-up figure).
     """
 
     def __init__(self, model, x, y, every: int, per_step: int, path: str):
@@ -300,16 +299,12 @@ class HeldOutHook(v1.train.SessionRunHook):
         )
         self._next = self._every
 
-    def after_create_session(self, session, coord):
-        # The variables are ready: from now on any replica may step (an async worker does not wait
-        # for the chief's first step), so the clock starts here, for every system alike.
-        if self._active:
-            self._curve.start()
-
     def before_run(self, run_context):
         return v1.train.SessionRunArgs(self._step) if self._active else None
 
     def after_run(self, run_context, run_values):
+        if self._active:
+            self._curve.start()
         if self._active and run_values.results >= self._next:
             self._evaluate(run_context.session, int(run_values.results))
             self._next = (run_values.results // self._every + 1) * self._every
@@ -563,7 +558,7 @@ def plot(rows: list[dict], path: str) -> str | None:
         )
         ax.set(
             title=f"{task}: held-out accuracy",
-            xlabel="seconds of training (from the variables being ready)",
+            xlabel="seconds of training (from the end of the first step)",
             ylabel="accuracy",
         )
         ax.legend(fontsize=8)

@@ -79,7 +79,7 @@ class Curve:
         self.eval_secs, self.last = 0.0, -1
 
     def start(self) -> None:
-        """The variables are ready and the first step is about to run (later calls do nothing)."""
+        """The first step has ended (later calls do nothing)."""
         if self.t0 is None:
             self.t0, self.first_wall = time.perf_counter(), time.time()
 

@@ -110,13 +110,13 @@ def train_to_accuracy(spec: dict) -> None:
     curve = heldout.peer_curve(spec, data) if index == 0 else None
     correct = heldout.correct_fn(model)
     h = spec["heldout"]
-    if curve is not None:
-        curve.start()  # as disttrain's systems: the first step and its tracing count
     for n, evaluate in heldout.chunks(h["steps"], h["eval_every_steps"], spec["steps_per_function"]):
         _, global_step = train_steps(iterator, tf.constant(n))
         global_step = int(strategy.experimental_local_results(global_step)[0])  # waits for the steps
-        if curve is not None and evaluate:
-            curve.evaluate(global_step, correct)
+        if curve is not None:
+            curve.start()
+            if evaluate:
+                curve.evaluate(global_step, correct)
 
 
 if __name__ == "__main__":

@@ -173,9 +173,11 @@ def coordinate_accuracy(spec: dict, cluster: dict) -> None:
     train_steps = tf.function(steps)
     curve, correct = heldout.peer_curve(spec, data), heldout.correct_fn(model)
     h = spec["heldout"]
-    curve.start()  # as disttrain's systems: the first step and its tracing count
     for n, evaluate in heldout.chunks(h["steps"], h["eval_every_steps"], spec["steps_per_function"]):
-        coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+        done = coordinator.schedule(train_steps, args=(iterator, tf.constant(n)))
+        if curve.t0 is None:
+            done.fetch()
+            curve.start()
         if evaluate:
             coordinator.join()
             curve.evaluate(int(step.read_value()), correct)
