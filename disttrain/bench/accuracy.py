@@ -46,6 +46,7 @@ from disttrain.strategies import TFDefault
 v1 = tf.compat.v1
 
 HELD_OUT_FILE = "heldout.jsonl"
+CLOCK_FILE = "clock_started"  # written by the chief when its first step has ended
 MOMENTUM = 0.9
 # As the benchmark (gin/bench/common.gin): one compute thread per task, so that one
 # process uses one core, as each worker does.
@@ -243,11 +244,16 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
     model = spec.model()
     batch = spec.batch_size
 
+    started = os.path.join(logdir, CLOCK_FILE)
+
     def loss_fn(ctx):
         v1.set_random_seed(0)  # the same initial weights for every system
         data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
         data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
-        features, labels = ctx.get_next(data.repeat().batch(batch, drop_remainder=True))
+        data = data.repeat().batch(batch, drop_remainder=True)
+        if not disttrain.Cluster.from_env().is_chief:
+            data = _after_the_chiefs_first_step(data, started)
+        features, labels = ctx.get_next(data)
         return model.loss(model(features, training=True), labels)
 
     per_step = examples_per_step(how, workers, batch)
@@ -269,6 +275,29 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
         inter_op_threads=COMPUTE_THREADS,
         check_numerics=False,  # no NaN guard in the measured steps
     )
+
+
+def _after_the_chiefs_first_step(data: tf.data.Dataset, started: str) -> tf.data.Dataset:
+    """`data`, whose second batch waits until the chief's clock has started (the file `started`).
+
+    The clock starts when the chief's first step ends (its one-off graph
+    optimisation is start-up); an async worker would otherwise train on
+    through that step uncounted (teacher once reached its target "in 0.0 s").
+    Its own first step, with its own one-off cost, runs before the wait.
+    """
+
+    def wait(index):
+        deadline = time.monotonic() + 600
+        while index >= 1 and not os.path.exists(started) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return index
+
+    def gate(index, batch):
+        passed = tf.numpy_function(wait, [index], tf.int64)
+        with tf.control_dependencies([passed]):
+            return tuple(tf.identity(t) for t in batch)
+
+    return data.enumerate().map(gate)
 
 
 class HeldOutHook(v1.train.SessionRunHook):
@@ -303,8 +332,9 @@ class HeldOutHook(v1.train.SessionRunHook):
         return v1.train.SessionRunArgs(self._step) if self._active else None
 
     def after_run(self, run_context, run_values):
-        if self._active:
+        if self._active and self._curve.t0 is None:
             self._curve.start()
+            open(os.path.join(os.path.dirname(self._curve.path), CLOCK_FILE), "w").close()
         if self._active and run_values.results >= self._next:
             self._evaluate(run_context.session, int(run_values.results))
             self._next = (run_values.results // self._every + 1) * self._every
@@ -341,6 +371,9 @@ def run_system(
     eval_every_steps = eval_every_steps or spec.eval_every_steps
     how = SYSTEMS[system]
     os.makedirs(logdir, exist_ok=True)
+    for stale in (CLOCK_FILE, HELD_OUT_FILE):  # a rerun in the same directory starts afresh
+        if os.path.exists(os.path.join(logdir, stale)):
+            os.remove(os.path.join(logdir, stale))
     if how.peer:
         argv = peer_command(task, system, workers, examples, eval_every_steps, logdir)
     else:
