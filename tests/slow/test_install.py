@@ -161,4 +161,6 @@ def test_the_tf2_peers_ship_with_the_module_they_import_by_path(installed):
         "print(sorted(f for f in os.listdir(d) if f.endswith('.py')))"
     )
     done = run(installed, str(bin_dir / "python"), "-c", code)
-    assert done.stdout.strip() == "['tf2_common.py', 'tf2_mwms.py', 'tf2_pss.py']", explain(done)
+    assert done.stdout.strip() == "['tf2_common.py', 'tf2_heldout.py', 'tf2_mwms.py', 'tf2_pss.py']", explain(
+        done
+    )

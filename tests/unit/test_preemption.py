@@ -18,8 +18,8 @@ STUCK = """
 import sys, time
 from disttrain import preemption
 preemption.install(grace_secs=1.0)
-print("ready", flush=True)
-try:
+try:  # "ready" inside: a Ctrl-C sent the moment it is read may land while it is printed
+    print("ready", flush=True)
     while True:
         time.sleep(0.05)
         if preemption.requested():
