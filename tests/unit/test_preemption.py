@@ -34,7 +34,14 @@ except KeyboardInterrupt:
 
 def start():
     proc = subprocess.Popen(
-        [sys.executable, "-c", STUCK], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-c", STUCK],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # As in a terminal: a CI job started in the background inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler (the task hung for 30 s).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout.readline().strip() == "ready"
     return proc
