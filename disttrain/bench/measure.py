@@ -24,8 +24,8 @@ Method:
    figures averaged the same way, weighted by duration.
 4. The window for byte and CPU counters runs from the chief's first line at or
    after `t_start` to its last line; the benchmark snapshots the counters as it
-   sees each chief line, and the line carries the global step. Bytes per step =
-   counter difference / global-step difference over the window.
+   sees each chief line. Bytes per step = counter difference / the global
+   steps taken between the two snapshots (`Measurement.window_counted_steps`).
 5. The run is complete once every replica has `measure` measured intervals.
 
 The loss is kept too: a run whose loss rises tenfold has diverged, and a
@@ -95,10 +95,26 @@ class Measurement:
     def window_global_steps(self) -> int:
         return self.window_end.global_step - self.window_start.global_step
 
+    @property
+    def window_counted_steps(self) -> float:
+        """Global steps taken between the two counter snapshots of the window.
+
+        The counters are read when the benchmark *sees* a chief line, up to a
+        poll (more on a loaded machine) after the chief wrote it; the step in
+        the line is the step when it was written. On a fast model the gap is
+        several steps, and a window of 40 steps then read 25% too few bytes per
+        step. The chief's timed global-step rate over the seconds between the
+        snapshots counts the steps the counters saw; the lines' step difference
+        is the fallback when the chief logs no rate.
+        """
+        if self.global_steps_per_sec > 0 and self.window_seconds > 0:
+            return self.global_steps_per_sec * self.window_seconds
+        return float(self.window_global_steps)
+
     def link_bytes_per_step(self) -> list[tuple[float, float]] | None:
         """(sent, received) per host per global step over the window; None without counters."""
         a, b = self.window_start.link_bytes, self.window_end.link_bytes
-        steps = self.window_global_steps
+        steps = self.window_counted_steps
         if a is None or b is None or steps <= 0:
             return None
         return [((s1 - s0) / steps, (r1 - r0) / steps) for (s0, r0), (s1, r1) in zip(a, b, strict=True)]
@@ -112,7 +128,7 @@ class Measurement:
 
     def cpu_seconds_per_step(self) -> dict[str, float] | None:
         """CPU seconds each counter (task) used per global step over the window."""
-        used, steps = self.cpu_seconds(), self.window_global_steps
+        used, steps = self.cpu_seconds(), self.window_counted_steps
         if used is None or steps <= 0:
             return None
         return {task: seconds / steps for task, seconds in used.items()}

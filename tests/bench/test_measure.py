@@ -1,5 +1,6 @@
 """Steady-state rates and windows from log lines (pure, no processes)."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -91,6 +92,29 @@ def test_rates_and_window():
     assert m.link_bytes_per_step() == [(pytest.approx(1000.0), pytest.approx(1000.0))]
     assert m.cpu_seconds_per_step() == {"w0": pytest.approx(0.01)}
     assert (m.first_loss, m.max_loss, m.diverged) == (2.0, 2.0, False)
+
+
+def test_bytes_per_step_count_the_steps_the_counters_saw():
+    # 20 global steps/s, 1,000 bytes per step, one line per 10 steps written at t = 0.5 k.
+    # The benchmark sees the window's first line (t = 1, step 20) 0.3 s late and its last
+    # (t = 4.5, step 90) on time: its counters span 64 steps, not the lines' 70. Dividing
+    # by the lines' steps would read 914 bytes per step; by the steps the counters saw, 1,000.
+    lines = _samples(0.0, 0.5, 10, 0, 10, 100.0, chief=True)
+    late = {2: 0.3}  # line index -> how late it was seen
+    seen = [
+        dataclasses.replace(
+            s,
+            t=s.t + late.get(k, 0.0),
+            link_bytes=((int(1000 * 20 * (s.t + late.get(k, 0.0))),) * 2,),
+            cpu_seconds={"w0": 0.01 * 20 * (s.t + late.get(k, 0.0))},
+        )
+        for k, s in enumerate(lines)
+    ]
+    m = measure({"w0": seen}, "w0", every_n=10, examples_per_step=10, warmup=3, measure=2)
+    assert m is not None and m.window_global_steps == 70
+    assert m.window_counted_steps == pytest.approx(64.0)
+    assert m.link_bytes_per_step() == [(pytest.approx(1000.0), pytest.approx(1000.0))]
+    assert m.cpu_seconds_per_step() == {"w0": pytest.approx(0.01)}
 
 
 def test_divergence_is_flagged():

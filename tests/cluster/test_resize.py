@@ -90,13 +90,16 @@ def assert_started_from(logdir, saved: dict[str, np.ndarray], step: int, num_ps:
 
 
 def assert_trained_on(logdir, saved: dict[str, np.ndarray], step: int) -> tuple[dict[str, np.ndarray], int]:
-    """The leg went on to `step` (or one past: async overlap) from `saved` and moved the variables.
+    """The leg went on to `step` from `saved` and moved the variables.
 
+    Or up to two past it: with async overlap, one worker's stop check reads a
+    global step that does not yet count the gradient in its queue (capacity
+    one) nor the one in flight, and both are applied before it leaves.
     Returns its last checkpoint's values and step.
     """
     now = variables(str(logdir))
     last = int(now["global_step"])
-    assert last in (step, step + 1), last
+    assert step <= last <= step + 2, last
     assert tf.train.latest_checkpoint(str(logdir)) == checkpoint(logdir, last)
     moved = [n for n in saved if n != "global_step" and not np.array_equal(now[n], saved[n])]
     assert moved, "training moved nothing: the comparison above proves nothing"
