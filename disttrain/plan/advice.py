@@ -42,8 +42,9 @@ def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
                 rep(s, ps_hosts=cost.DEDICATED),
                 k,
             )
-        if k.placement == cost.ROUND_ROBIN:
-            yield "disttrain's placement instead of round robin", model, s, rep(k, placement=cost.DISTTRAIN)
+        if k.placement != cost.DISTTRAIN:
+            named = "round robin" if k.placement == cost.ROUND_ROBIN else "greedy by bytes"
+            yield f"disttrain's placement instead of {named}", model, s, rep(k, placement=cost.DISTTRAIN)
         yield (
             "all-reduce instead of PS",
             model,

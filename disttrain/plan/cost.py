@@ -53,8 +53,8 @@ ASYNC_PS = strategies.AsyncParameterServer.kind
 SYNC_PS = strategies.SyncParameterServer.kind
 ALLREDUCE = strategies.SyncAllReduce.kind
 STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE)
-DISTTRAIN, ROUND_ROBIN = "disttrain", "round_robin"
-PLACEMENTS = (DISTTRAIN, ROUND_ROBIN)
+DISTTRAIN, ROUND_ROBIN, GREEDY = "disttrain", "round_robin", "greedy"
+PLACEMENTS = (DISTTRAIN, ROUND_ROBIN, GREEDY)
 COLOCATED, DEDICATED = traffic_lib.COLOCATED, traffic_lib.DEDICATED
 PS_HOSTS = (COLOCATED, DEDICATED)
 
@@ -200,7 +200,7 @@ class Strategy:
     bucket_bytes: int = 4 * 2**20  # SyncAllReduce
     transfer_bits: int = 32  # 16: bfloat16/float16 on the wire
     backup_workers: int = 0  # SyncParameterServer
-    placement: str = DISTTRAIN  # or TF's round robin
+    placement: str = DISTTRAIN  # or TF 1's round robin (replica_device_setter) or greedy by bytes
     transport: Transport | None = None  # None: gRPC on CPU, as Constants hold it
 
     @property

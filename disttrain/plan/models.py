@@ -74,6 +74,29 @@ def round_robin_layout(
     return _layout(dense, pieces, placement.max_over_mean(loads))
 
 
+def greedy_layout(specs: list[placement.VariableSpec], trainable: frozenset[str], ps: int) -> cost.PsLayout:
+    """TF 1's greedy placement: each variable op, as created, on the least-loaded PS.
+
+    `GreedyLoadBalancingStrategy(ps, byte_size_load_fn)`: load is bytes;
+    ties go to the lowest task (TF's `min` over the loads).
+    tf_cnn_benchmarks' parameter_server mode placed variables so
+    (VariableMgrDistributedFetchFromPS, tensorflow/benchmarks at abe3c80). A
+    variable is never split: one larger than the rest still lands whole on
+    one PS. Tables are P parts, dealt like any variable.
+    """
+    loads, dense, pieces = [0] * ps, [0] * ps, [0] * ps
+    for spec in specs:
+        parts = ps if spec.table else 1
+        size = spec.nbytes // parts
+        for _ in range(parts):
+            task = min(range(ps), key=lambda j: loads[j])
+            loads[task] += size
+            if spec.name in trainable and not spec.table:
+                dense[task] += size
+                pieces[task] += 1
+    return _layout(dense, pieces, placement.max_over_mean(loads))
+
+
 def _layout(dense: list[int], pieces: list[int], balance: float) -> cost.PsLayout:
     total = sum(dense)
     shares = tuple(d / total for d in dense) if total else tuple(1 / len(dense) for _ in dense)
@@ -93,6 +116,8 @@ def model_from_config(config: TrainConfig, step_time: float, name: str | None = 
     def layout(ps: int, kind: str) -> cost.PsLayout:
         if kind == cost.ROUND_ROBIN:
             return round_robin_layout(specs, trainable, ps)
+        if kind == cost.GREEDY:
+            return greedy_layout(specs, trainable, ps)
         return disttrain_layout(specs, trainable, ps)
 
     return cost.Model(

@@ -81,6 +81,7 @@ HOROVOD_16 = (
 )
 
 _SYNC_RR = cost.Strategy(cost.SYNC_PS, placement=cost.ROUND_ROBIN)
+_SYNC_GREEDY = cost.Strategy(cost.SYNC_PS, placement=cost.GREEDY)
 # Horovod: one process per GPU, NCCL's ring through every GPU, tensors fused into 64 MB buffers
 # (README at d54e3a88: "Default fusion buffer size is 64 MB").
 _HOROVOD = cost.Strategy(cost.ALLREDUCE, bucket_bytes=64 * 2**20)
@@ -107,7 +108,12 @@ _TF_CNN_SHAPE = dict(
 # as of TensorFlow 1.3.0" (alsrgv, github.com/horovod/horovod/issues/246); tf_cnn_benchmarks'
 # parameter_server mode with variables on CPU caches each variable on the worker's CPU and sums the
 # towers there (VariableMgrDistributedFetchFromPS, OverrideCachingDevice): towers. PS: one per host,
-# colocated (assumed: not stated). Placement: round robin (replica_device_setter's default).
+# colocated (assumed: not stated). Placement: that mode's own, each variable as created on the least
+# loaded PS by bytes ("ps_strategy = tf.contrib.training.GreedyLoadBalancingStrategy(...,
+# tf.contrib.training.byte_size_load_fn)", VariableMgrDistributedFetchFromPS.get_devices,
+# tensorflow/benchmarks scripts/tf_cnn_benchmarks/variable_mgr.py at abe3c80, 2017-08-17, as at its
+# first commit fd87986, 2017-05-03). Earlier rounds here assumed round robin: with 4 PS it deals
+# Inception's conv kernels, each followed by three batch-norm variables, all to one PS.
 _HOROVOD_HOST = dict(gpus_per_host=4, ps_hosts=cost.COLOCATED, host_bus=PCIE_TWO_ROOTS)
 _HOROVOD_PS = dict(_HOROVOD_HOST, towers=True)
 _HOROVOD_RING = dict(_HOROVOD_HOST, towers=False)
@@ -174,7 +180,7 @@ def _tf_cnn(gin, model, batch, one, rate, hosts, ps, split=CALIBRATION):
 def _horovod_16(gin, model, one, rate, setup):
     """One cell of Horovod's 16-GPU table (batch 64 per GPU); setup: 'ps', 'tcp' or 'rdma'."""
     if setup == "ps":
-        shape, strategy = dict(_HOROVOD_PS, link_gbit=25.0), _SYNC_RR
+        shape, strategy = dict(_HOROVOD_PS, link_gbit=25.0), _SYNC_GREEDY
         note = "'Distributed TensorFlow (variables on CPU)'"
     else:
         transport = NCCL_TCP if setup == "tcp" else NCCL_RDMA
@@ -279,7 +285,7 @@ TF_BENCH_29 = (
 def _horovod_64(gin, model, one, rate, setup):
     """One cell of Horovod's 64-GPU table (16 x 4 Pascal, 40 Gbit/s, batch 64): 'ps' or 'tcp'."""
     if setup == "ps":
-        shape, strategy, ps = dict(_HOROVOD_PS, link_gbit=40.0), _SYNC_RR, 16
+        shape, strategy, ps = dict(_HOROVOD_PS, link_gbit=40.0), _SYNC_GREEDY, 16
         note = "'Distributed TensorFlow (variables on CPU)'"
     else:
         shape, ps = dict(_HOROVOD_RING, link_gbit=40.0), 0

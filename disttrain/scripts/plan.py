@@ -54,7 +54,12 @@ flags.DEFINE_enum(
     "'nccl').",
 )
 flags.DEFINE_enum("strategy", None, list(cost.STRATEGIES), "Strategy (default: the gin config's).")
-flags.DEFINE_enum("placement", "disttrain", list(cost.PLACEMENTS), "disttrain's plan or TF's round robin.")
+flags.DEFINE_enum(
+    "placement",
+    "disttrain",
+    list(cost.PLACEMENTS),
+    "disttrain's plan, TF's round robin, or TF 1's greedy by bytes.",
+)
 flags.DEFINE_boolean("overlap", None, "AsyncParameterServer overlap (default: the gin config's).")
 flags.DEFINE_float("bucket_mib", None, "SyncAllReduce bucket size, MiB (default: the gin config's).")
 flags.DEFINE_integer("transfer_bits", None, "16 or 32 bits on the wire (default: the gin config's).")

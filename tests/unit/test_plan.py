@@ -193,7 +193,7 @@ def test_cpu_terms():
         (cost.Shape(hosts=2, ps=0), cost.Strategy(cost.SYNC_PS), "at least 1 PS"),
         (cost.Shape(hosts=2, ps=1), cost.Strategy(cost.SYNC_PS, backup_workers=2), "backup_workers=2"),
         (cost.Shape(hosts=2, ps=1, ps_hosts="shared"), cost.Strategy(), "ps_hosts='shared'"),
-        (cost.Shape(hosts=2, ps=1), cost.Strategy(placement="greedy"), "unknown placement"),
+        (cost.Shape(hosts=2, ps=1), cost.Strategy(placement="random"), "unknown placement"),
     ],
 )
 def test_bad_input_names_the_problem(shape, strategy, words):
@@ -256,6 +256,29 @@ def test_round_robin_layout_is_tfs_replica_device_setter(num_ps):
     # Shares are of the trainable bytes (all of AlexNet's variables are trainable).
     assert [s * sum(loads) for s in layout.shares] == pytest.approx(loads)
     assert sum(layout.tensors) == len(trainable)
+
+
+def test_greedy_layout_is_tf1s_greedy_load_balancing_by_bytes():
+    # In creation order (bytes), each on the least-loaded PS (ties: the lower task), never split.
+    # The moving mean is placed and loads its PS, but is not a trained tensor.
+    spec = placement.VariableSpec
+    specs = [
+        spec("a", (25,), 4),
+        spec("b", (10,), 1),
+        spec("c", (10,), 1),
+        spec("d", (15,), 4),
+        spec("bn/moving_mean", (5,), 4),
+        spec("e", (50,), 1),
+    ]
+    trainable = frozenset("abcde")
+    layout = models.greedy_layout(specs, trainable, 2)
+    # Loads: PS 0 100, PS 1 10 + 10 + 60 + 20 (moving mean, at 80 < 100) = 100; then e -> 0.
+    assert layout.tensors == (2, 3)
+    assert [s * 230 for s in layout.shares] == pytest.approx([150, 80])
+    assert layout.balance == pytest.approx(150 / 125)
+    # Round robin deals them by count, whatever their size: a c mm | b d e.
+    rr = models.round_robin_layout(specs, trainable, 2)
+    assert [s * 230 for s in rr.shares] == pytest.approx([110, 120])
 
 
 def test_disttrain_layout_is_the_plan():
@@ -327,8 +350,9 @@ def test_published_runs_from_their_inputs():
     # The calibration set: tf_cnn_benchmarks' 64-K80 runs within 20% (ResNet-152 -15%: the host
     # term, summing 8 towers over two PCIe roots, took it from -14%), the seed's 128-K80 Inception-v3
     # and AlexNet within 25% (ResNet-152 is a known miss: the seed's script built another ResNet),
-    # Horovod's 16-GPU NCCL rows within 10%. The held-out set: its median within 10% (its misses,
-    # TF's PS on Inception-v3 and VGG16 at 64 GPUs, are reported in docs/planner.md).
+    # Horovod's 16-GPU NCCL rows within 10%, its TF PS rows on Inception-v3 and ResNet-101 (greedy
+    # placement, as tf_cnn_benchmarks placed them) within 10%. The held-out set: its median within
+    # 10%, every row but TF 1.3's PS on VGG16 (reported in docs/planner.md) within 25%.
     def load_config(gin_files, bindings):
         gin.clear_config()
         return cli.train_config(gin_files, bindings)
@@ -342,8 +366,12 @@ def test_published_runs_from_their_inputs():
     for model_name in ("Inception-v3", "ResNet-101", "VGG16"):
         for transport in ("nccl_tcp", "nccl_rdma"):
             assert abs(by[(published.HOROVOD_16, model_name, 16, transport)].error) < 0.10
+    for model_name in ("Inception-v3", "ResNet-101"):
+        assert abs(by[(published.HOROVOD_16, model_name, 16, "grpc")].error) < 0.10
     held_out = [r for r in results if r.case.split == published.HELD_OUT]
     assert published.summary(held_out).median_abs_error <= 0.10
+    misses = [(r.case.model, r.case.gpus) for r in held_out if abs(r.error) > 0.25]
+    assert misses == [("VGG16", 64)], misses
     # With disttrain, the seed's cluster is predicted at 0.9 or more with towers, whatever the model.
     answers = published.answers_table(results)
     assert answers.count("recommended 0.99") == 3, answers
