@@ -120,6 +120,16 @@ def text_summary(texts: dict[str, str]) -> v1.Summary:
     )
 
 
+_GRAPHLESS_WRITERS: dict[str, v1.summary.FileWriter] = {}
+
+
+def _graphless_writer(logdir: str) -> v1.summary.FileWriter:
+    """One event file per directory for this process, as FileWriterCache, but with no graph in it."""
+    if logdir not in _GRAPHLESS_WRITERS:
+        _GRAPHLESS_WRITERS[logdir] = v1.summary.FileWriter(logdir)
+    return _GRAPHLESS_WRITERS[logdir]
+
+
 def write_texts(logdir: str, texts: dict[str, str], step: int = 0) -> None:
     """Add `texts` to the event file TensorBoard reads in `logdir` (the writer the hooks share)."""
     writer = v1.summary.FileWriterCache.get(logdir)
@@ -175,8 +185,15 @@ class ThroughputHook(v1.train.SessionRunHook):
         self._warned_drop = 0.0
 
     def begin(self):
-        # The cache shares one event file per directory with TF's checkpoint hook.
-        self._writers = [v1.summary.FileWriterCache.get(d) if d else None for d in self._dirs]
+        # The cluster's directory: the cache shares one event file with TF's checkpoint hook, and
+        # TensorBoard's graph comes from there. A task's own directory gets no copy of the graph:
+        # a model fed from NumPy arrays holds them as constants, and each copy was 110 MB for
+        # 8,000 small images, written twice into every task's events at start-up.
+        task_dir, cluster_dir = self._dirs
+        self._writers = [
+            _graphless_writer(task_dir) if task_dir else None,
+            v1.summary.FileWriterCache.get(cluster_dir) if cluster_dir else None,
+        ]
 
     def after_create_session(self, session, coord):
         self._start = self._mark = time.perf_counter()
