@@ -59,9 +59,19 @@ def to_console(stream=None, level: int = logging.INFO) -> logging.Logger:
         handler._disttrain = True
         logger.addHandler(handler)
         logger.propagate = False  # absl's root handler would print every line twice
-    if not tf_logs_wanted():
-        tf_logger = logging.getLogger("tensorflow")
-        tf_logger.setLevel(logging.WARNING)  # its INFO lines narrate every checkpoint
-        if _QUIET not in tf_logger.filters:
-            tf_logger.addFilter(_QUIET)
+    quiet_tensorflow()
     return logger
+
+
+def quiet_tensorflow() -> None:
+    """TensorFlow's Python logger without its INFO lines and deprecation notices. Idempotent.
+
+    Every entry point calls it (`scripts.run`), so a command that builds a
+    graph in its own process (the benchmark, the planner) prints no notices.
+    """
+    if tf_logs_wanted():
+        return
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.setLevel(logging.WARNING)  # its INFO lines narrate every checkpoint
+    if _QUIET not in tf_logger.filters:
+        tf_logger.addFilter(_QUIET)

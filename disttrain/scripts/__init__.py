@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+from disttrain import logs
+
 
 def run(main: Callable[[list[str]], int | None]) -> None:
     """`app.run(main)`, with `--help` showing the docstring and flags of main's module.
@@ -28,4 +30,5 @@ def run(main: Callable[[list[str]], int | None]) -> None:
     entry = sys.modules["__main__"]
     if entry is not module:
         entry.__doc__ = module.__doc__
+    logs.quiet_tensorflow()
     app.run(main)
