@@ -12,8 +12,10 @@ ResNet-152's variables takes seconds on a CPU.
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 import time
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -59,19 +61,8 @@ def round_robin_layout(
     in turn like any variable. Checked against the real device setter in
     tests/unit/test_plan.py.
     """
-    loads, dense, pieces = [0] * ps, [0] * ps, [0] * ps
-    i = 0
-    for spec in specs:
-        parts = ps if spec.table else 1
-        size = spec.nbytes // parts
-        for _ in range(parts):
-            task = i % ps
-            i += 1
-            loads[task] += size
-            if spec.name in trainable and not spec.table:
-                dense[task] += size
-                pieces[task] += 1
-    return _layout(dense, pieces, placement.max_over_mean(loads))
+    dealt = itertools.count()
+    return _dealt_layout(specs, trainable, ps, lambda loads: next(dealt) % ps)
 
 
 def greedy_layout(specs: list[placement.VariableSpec], trainable: frozenset[str], ps: int) -> cost.PsLayout:
@@ -84,12 +75,19 @@ def greedy_layout(specs: list[placement.VariableSpec], trainable: frozenset[str]
     variable is never split: one larger than the rest still lands whole on
     one PS. Tables are P parts, dealt like any variable.
     """
+    return _dealt_layout(specs, trainable, ps, lambda loads: min(range(ps), key=lambda j: loads[j]))
+
+
+def _dealt_layout(
+    specs, trainable: frozenset[str], ps: int, choose: Callable[[list[int]], int]
+) -> cost.PsLayout:
+    """Each variable op in creation order (a table as P parts) on the task `choose(loads)` names."""
     loads, dense, pieces = [0] * ps, [0] * ps, [0] * ps
     for spec in specs:
         parts = ps if spec.table else 1
         size = spec.nbytes // parts
         for _ in range(parts):
-            task = min(range(ps), key=lambda j: loads[j])
+            task = choose(loads)
             loads[task] += size
             if spec.name in trainable and not spec.table:
                 dense[task] += size
