@@ -1,7 +1,9 @@
 """The chaos soak (tests/chaos.py), short: a few random SIGKILLs and SIGTERMs per strategy in 2-3 minutes.
 
 DISTTRAIN_CHAOS_SECS=1200 runs the long soak (20 minutes of faults per
-strategy; raise DISTTRAIN_CHAOS_STEPS so that training outlasts it).
+strategy; raise DISTTRAIN_CHAOS_STEPS so that training outlasts it, and set
+DISTTRAIN_CHAOS_EVERY, the mean seconds between faults, for more of them
+than one every SECS/6).
 """
 
 import os
@@ -48,7 +50,7 @@ def test_chaos_soak(tmp_path, strategy):
             *settings,
         ],
         duration_secs=SECS,
-        every_secs=max(20.0, SECS / 6),
+        every_secs=float(os.environ.get("DISTTRAIN_CHAOS_EVERY", max(20.0, SECS / 6))),
         seed=int(os.environ.get("DISTTRAIN_CHAOS_SEED", "1")),
         num_ps=2 if strategy != "allreduce" else 0,
         num_workers=2,
