@@ -23,6 +23,7 @@ import re
 import string
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -292,13 +293,20 @@ class TraceHook(v1.train.SessionRunHook):
 
     The steps traced are those right after the first `after_steps` (past
     start-up and the first checkpoint), one file per step,
-    `<directory>/trace_step_<global step>.json`: every op of the step on
+    `<directory>/trace_step_<global step>.json` (`..._<local step>.json`
+    for a second step that read the same global step, as overlap's lagging
+    mirror can): every op of the step on
     every device it ran on (this task's, and the PS tasks' for the
     variables it read and updated), with the transfers between them. The
     rounds of `loops` (a strategy's transfer loop beside the step, see
-    `Strategy.traced_loops`) that ran while the traced steps did are in the
-    same files, on the same clock.
+    `Strategy.traced_loops`) that started while the traced steps ran are in
+    the same files, on the same clock: each in the file of the step during
+    which it ended, and a round still running when the last traced step
+    ends in that step's file, written again when the round ends (at most
+    `_LATE_STEPS` steps later).
     """
+
+    _LATE_STEPS = 100
 
     def __init__(
         self, directory: str, steps: int, after_steps: int, global_step: tf.Tensor, loops: Sequence = ()
@@ -307,6 +315,7 @@ class TraceHook(v1.train.SessionRunHook):
         self._global_step = global_step
         self._loops = list(loops)
         self._local = 0
+        self._last: tuple[str, Any] | None = None  # the last traced file and its StepStats, while rounds run
         self.written: list[str] = []
 
     def _tracing(self) -> bool:
@@ -323,20 +332,41 @@ class TraceHook(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         tracing, self._local = self._tracing(), self._local + 1
-        if not tracing:
-            return
-        timeline = tf_internals.timeline()
+        if tracing:
+            stats = run_values.run_metadata.step_stats
+            name = f"trace_step_{int(run_values.results)}"
+            path = os.path.join(self._directory, f"{name}.json")
+            if path in self.written:  # overlap's global step is a mirror that can lag: two steps, one value
+                path = os.path.join(self._directory, f"{name}_{self._local}.json")
+            self._take_rounds(stats)
+            self._write(path, stats)
+            self.written.append(path)
+            log.info("step trace: %s", path)
+            last = self._local == self._after + self._steps
+            if last and any([loop.stop_tracing() for loop in self._loops]):
+                self._last = (path, stats)  # a traced round is still running: add it when it ends
+        elif self._last is not None:
+            running = any([loop.stop_tracing() for loop in self._loops])
+            if self._take_rounds(self._last[1]):
+                self._write(*self._last)
+            if not running or self._local > self._after + self._steps + self._LATE_STEPS:
+                self._last = None
 
+    def end(self, session):
+        if self._last is not None and self._take_rounds(self._last[1]):
+            self._write(*self._last)
+
+    def _take_rounds(self, stats) -> bool:
+        """Adds to `stats` the loops' rounds that ended since the last call; True if there were any."""
+        taken = [rounds for loop in self._loops for rounds in loop.take_traces()]
+        for rounds in taken:
+            stats.dev_stats.extend(rounds.dev_stats)
+        return bool(taken)
+
+    def _write(self, path: str, stats) -> None:
         os.makedirs(self._directory, exist_ok=True)
-        path = os.path.join(self._directory, f"trace_step_{int(run_values.results)}.json")
-        stats = run_values.run_metadata.step_stats
-        for loop in self._loops:  # the rounds that ended during this step, on the same clock
-            for rounds in loop.take_traces():
-                stats.dev_stats.extend(rounds.dev_stats)
         with open(path, "w") as f:
-            f.write(timeline.Timeline(stats).generate_chrome_trace_format())
-        self.written.append(path)
-        log.info("step trace: %s", path)
+            f.write(tf_internals.timeline().Timeline(stats).generate_chrome_trace_format())
 
 
 # The console line of ThroughputHook, defined once: formatted by the hook, read back by

@@ -210,19 +210,27 @@ class _TransferLoop(tf_internals.RoundsQueueRunner):
     """The transfer loop's queue runner, which can trace some of its rounds on request.
 
     `trace(n)` asks for the next n rounds to run with a full trace;
-    `take_traces()` returns the StepStats of the rounds traced since the last
-    call. The loop itself is QueueRunner's (see `tf_internals.RoundsQueueRunner`).
+    `stop_tracing()` cancels what has not started; `take_traces()` returns
+    the StepStats of the rounds traced since the last call. The loop itself
+    is QueueRunner's (see `tf_internals.RoundsQueueRunner`).
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._trace_lock = threading.Lock()
         self._to_trace = 0
+        self._in_flight = 0  # traced rounds running now
         self._traces: list = []
 
     def trace(self, rounds: int) -> None:
         with self._trace_lock:
             self._to_trace += rounds
+
+    def stop_tracing(self) -> bool:
+        """Start no more traced rounds; True while a traced round is still running."""
+        with self._trace_lock:
+            self._to_trace = 0
+            return self._in_flight > 0
 
     def take_traces(self) -> list:
         with self._trace_lock:
@@ -233,13 +241,17 @@ class _TransferLoop(tf_internals.RoundsQueueRunner):
         with self._trace_lock:
             tracing = self._to_trace > 0
             self._to_trace -= tracing
+            self._in_flight += tracing
         if not tracing:
             plain()
             return
         metadata = v1.RunMetadata()
-        plain(options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=metadata)
-        with self._trace_lock:
-            self._traces.append(metadata.step_stats)
+        try:
+            plain(options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE), run_metadata=metadata)
+        finally:
+            with self._trace_lock:
+                self._in_flight -= 1
+                self._traces.append(metadata.step_stats)
 
 
 def _updates_by_variable(ops) -> dict[str, list[tf.Operation]]:

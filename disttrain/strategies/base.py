@@ -506,8 +506,10 @@ class Strategy(abc.ABC):
     def traced_loops(self) -> list:
         """Loops this strategy runs beside the step that a step trace should show too.
 
-        Each has `trace(rounds)` (trace its next rounds) and `take_traces()`
-        (the StepStats of the rounds traced since the last call).
+        Each has `trace(rounds)` (trace its next rounds), `stop_tracing()`
+        (start no more; True while a traced round still runs) and
+        `take_traces()` (the StepStats of the rounds traced since the last
+        call).
         """
         return []
 
