@@ -27,9 +27,13 @@ STRATEGIES = {
 
 # The first short soak (async_ps, seed 1) found a replica hung for good, silently, in its first
 # step after an in-process recovery from a PS SIGKILL that followed a PS preemption (BUILD_NOTES);
-# not seen again in the soaks since, nor explained. The sync PS hangs the soaks found are fixed.
+# not seen again in the soaks since, nor explained. Only that hang (the cluster outlasting its
+# timeout) is expected to fail: a lost step, a step going back or a bad exit code fails the test.
+# The sync PS hangs the soaks found are fixed.
 ASYNC_HANG = pytest.mark.xfail(
-    reason="issue 22: an async replica once hung after recovering from a lost PS", strict=False
+    reason="issue 22: an async replica once hung after recovering from a lost PS",
+    raises=TimeoutError,
+    strict=False,
 )
 
 
