@@ -121,6 +121,8 @@ class RoundsQueueRunner(v1.train.QueueRunner):
     `_close_op`), as TF 2.21's `_run` does; the loop is TF's otherwise.
     """
 
+    error: Exception | None = None  # the error that ended the loop, if one did
+
     def _round(self, run: Callable) -> None:
         """One round: `run(options=..., run_metadata=...)` runs the enqueue op once."""
         run()
@@ -141,6 +143,7 @@ class RoundsQueueRunner(v1.train.QueueRunner):
                                 sess.run(self._close_op)
                     return
         except Exception as e:
+            self.error = e  # what stopped the loop, for its owner (RoundsQueueRunner's own)
             if coord:
                 coord.request_stop(e)
             else:

@@ -8,11 +8,13 @@ reads flags (see `disttrain.launch`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -210,6 +212,57 @@ class _StallGuard(v1.train.SessionRunHook):
                 f"(still {step}): its train op applies no update; stopping "
                 "(RunSettings.stall_steps sets the window)"
             )
+
+
+class StepWatch(v1.train.SessionRunHook):
+    """Says so, every `say_every_secs`, while one step runs far longer than the steps before it.
+
+    A step waits without a timeout on whatever it reads (a peer, its input,
+    a queue); TF raises an error when it finds a peer gone, but not when a
+    peer is alive and never answers. The first line comes once the step
+    has run `factor` times the longest of the last steps, and at least
+    `min_secs`; the first step of each session (start-up, graph
+    optimisation, recovery) is not judged.
+    """
+
+    def __init__(self, task: str, say_every_secs: float, min_secs: float = 60.0, factor: float = 10.0):
+        self._task, self._every, self._min, self._factor = task, say_every_secs, min_secs, factor
+        self._recent: collections.deque[float] = collections.deque(maxlen=100)
+        self._started: float | None = None
+        self._steps, self.said = 0, 0
+        self._wake = threading.Event()
+
+    def begin(self):
+        threading.Thread(target=self._watch, name="step-watch", daemon=True).start()
+
+    def after_create_session(self, session, coord):
+        self._recent.clear()
+
+    def before_run(self, run_context):
+        self._started = time.monotonic()
+
+    def after_run(self, run_context, run_values):
+        self._recent.append(time.monotonic() - self._started)
+        self._started, self._steps = None, self._steps + 1
+
+    def end(self, session):
+        self._wake.set()
+
+    def _watch(self) -> None:
+        last_said = 0.0
+        while not self._wake.wait(min(1.0, self._every)):
+            started, recent = self._started, list(self._recent)
+            if started is None or not recent:
+                continue
+            now = time.monotonic()
+            limit = max(self._min, self._factor * max(recent))
+            if now - started >= limit and now - last_said >= self._every:
+                last_said, self.said = now, self.said + 1
+                log.warning(
+                    f"{self._task}: step {self._steps + 1} of this task has run for {now - started:.0f} s "
+                    f"(the longest of its last {len(recent)} took {max(recent):.1f} s); it waits on a peer, "
+                    "its input or a queue: no error yet"
+                )
 
 
 class _LostPeerLog(logging.Filter):
@@ -482,6 +535,7 @@ def _watch_hooks(cluster: Cluster, strategy: Strategy, logdir: str, settings: Ru
     ]
     if settings.stall_window:
         hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
+    hooks.append(StepWatch(cluster.task_name, settings.wait_log_secs))
     if settings.trace_steps:
         hooks.append(
             metrics.TraceHook(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain import servers, tf_internals
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
 from disttrain.strategies.ps import PsStrategy
@@ -200,7 +201,9 @@ class AsyncParameterServer(PsStrategy):
         return moved
 
     def hooks(self, last_step: int | None = None) -> list:
-        return [_DrainHook(*self._counts)] if self._counts is not None else []
+        if self._counts is None:
+            return []
+        return [_DrainHook(*self._counts, loop=self._loop, task=self.cluster.task_name)]
 
     def traced_loops(self) -> list:
         return [self._loop] if self._loop is not None else []
@@ -276,11 +279,18 @@ class _DrainHook(v1.train.SessionRunHook):
 
     Not for a loop that has stopped: it stops the session's coordinator when
     it fails (its PS gone, say), and what it left queued will never be applied.
+    A loop that stopped because its PS left (training is over: the PS
+    lingered less long than this drain took) also leaves the session
+    unclosable: the round in flight had its part on the PS, whose reply TF's
+    gRPC waits for until the PS comes back, and a PS that left when
+    training ended never does. Then this replica says so in one line and,
+    if its close has not returned `close_grace_secs` later, exits with 0.
     """
 
-    def __init__(self, queued, applied, timeout_secs: float = 120.0):
+    def __init__(self, queued, applied, loop=None, task="", timeout_secs=120.0, close_grace_secs=15.0):
         self._counts = (queued.read_value(), applied.read_value())
-        self._timeout_secs = timeout_secs
+        self._loop, self._task = loop, task
+        self._timeout_secs, self._close_grace_secs = timeout_secs, close_grace_secs
         self._coord = None
 
     def after_create_session(self, session, coord):
@@ -293,10 +303,28 @@ class _DrainHook(v1.train.SessionRunHook):
             if applied >= queued:
                 return
             if self._coord is not None and self._coord.should_stop():
-                log.warning("%d queued gradient(s) not applied: the transfer loop stopped", queued - applied)
+                error = getattr(self._loop, "error", None)
+                left = queued - applied
+                if not isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError):
+                    log.warning("%d queued gradient(s) not applied: the transfer loop stopped", left)
+                    return
+                first = servers.first_error_line([str(error.message)])
+                log.info(
+                    f"{self._task}: a PS left while the last gradients were applied ({left} not "
+                    f"applied: {first}); training is over: exiting"
+                )
+                exit_if_still_running = threading.Timer(self._close_grace_secs, _exit_training_over)
+                exit_if_still_running.daemon = True
+                exit_if_still_running.start()
                 return
             if time.monotonic() > deadline:
                 left = queued - applied
                 log.warning("%d queued gradient(s) not applied after %.0f s", left, self._timeout_secs)
                 return
             time.sleep(0.02)
+
+
+def _exit_training_over() -> None:
+    """End this process with 0: training is over, and only a close that cannot return is left."""
+    logging.shutdown()
+    os._exit(0)

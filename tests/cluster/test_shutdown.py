@@ -65,3 +65,44 @@ def test_replica_that_finishes_after_every_ps_exited_exits_0_at_once(tmp_path):
     assert len(gone) == 1, log[-3000:]
     assert "/job:ps/task:0" in gone[0] and "/job:ps/task:1" in gone[0], gone
     assert os.path.exists(os.path.join(cluster.logdir, "tasks", "worker_1", "result.json"))
+
+
+def test_a_replica_whose_ps_left_during_the_overlap_drain_exits_0_with_one_line(tmp_path):
+    """Overlap's last gradients are still being applied when the PS, done with the chief, leaves."""
+    gate, steps = tmp_path / "gate", 60
+    overlay = tmp_path / "slow_drain.gin"
+    overlay.write_text(
+        "import tests.cluster.slow_drain\n"
+        "TrainConfig.strategy = @SlowDrainAsyncParameterServer\n"
+        f"SlowDrainAsyncParameterServer.gate_file = '{gate}'\n"
+        f"SlowDrainAsyncParameterServer.last_step = {steps}\n"
+    )
+    cluster = LocalCluster(
+        [*MLP, str(overlay)],
+        str(tmp_path / "logdir"),
+        num_ps=1,
+        num_workers=2,
+        gin_params=[
+            f"TrainConfig.train_steps={steps}",
+            "TrainConfig.log_every_steps=10",
+            "TrainConfig.ps_linger_secs=3",
+        ],
+    ).start()
+    try:
+        (ps,) = (t for t in cluster.tasks if t.job == "ps")
+        worker_1 = next(t for t in cluster.tasks if t.name == "/job:worker/task:1")
+        deadline = time.monotonic() + 240
+        while not os.path.exists(f"{gate}.held") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(f"{gate}.held"), describe_failure(cluster)  # worker 1's last rounds wait
+        assert wait_exit(ps.proc, 60) == 0, describe_failure(cluster)  # the PS left without worker 1
+        assert "replicas [1] never reported done" in open(ps.log_path).read()
+        assert worker_1.proc.poll() is None, describe_failure(cluster)  # still in its drain
+        gate.touch()  # its held rounds now push to a PS that is gone
+        code = wait_exit(worker_1.proc, 90)
+    finally:
+        cluster.stop()
+    log = open(worker_1.log_path).read()
+    assert code == 0, describe_failure(cluster)
+    said = [line for line in log.splitlines() if "a PS left while the last gradients were applied" in line]
+    assert len(said) == 1 and "training is over: exiting" in said[0], log[-3000:]
