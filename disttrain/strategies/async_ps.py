@@ -9,7 +9,7 @@ import time
 
 import tensorflow as tf
 
-from disttrain import servers, tf_internals
+from disttrain import preemption, servers, tf_internals
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, waves
 from disttrain.strategies.ps import PsStrategy
@@ -203,7 +203,8 @@ class AsyncParameterServer(PsStrategy):
     def hooks(self, last_step: int | None = None) -> list:
         if self._counts is None:
             return []
-        return [_DrainHook(*self._counts, loop=self._loop, task=self.cluster.task_name)]
+        cluster = self.cluster
+        return [_DrainHook(*self._counts, loop=self._loop, task=cluster.task_name, chief=cluster.is_chief)]
 
     def traced_loops(self) -> list:
         return [self._loop] if self._loop is not None else []
@@ -281,15 +282,21 @@ class _DrainHook(v1.train.SessionRunHook):
     it fails (its PS gone, say), and what it left queued will never be applied.
     A loop that stopped because its PS left (training is over: the PS
     lingered less long than this drain took) also leaves the session
-    unclosable: the round in flight had its part on the PS, whose reply TF's
-    gRPC waits for until the PS comes back, and a PS that left when
-    training ended never does. Then this replica says so in one line and,
-    if its close has not returned `close_grace_secs` later, exits with 0.
+    unclosable: the round in flight had its part on the PS, and unless gRPC
+    fails fast (GRPC_FAIL_FAST=true) its call waits for a PS that, gone
+    because training ended, never comes back (BUILD_NOTES). Then a replica
+    other than the chief says so in one line and, if its close has not
+    returned `close_grace_secs` later, exits with 0. Not the chief (every
+    PS waits for its report, so a PS it lost was lost to a fault, and its
+    final checkpoint is still to be written), nor a preempted replica
+    (which exits 150, to be restarted).
     """
 
-    def __init__(self, queued, applied, loop=None, task="", timeout_secs=120.0, close_grace_secs=15.0):
+    def __init__(
+        self, queued, applied, loop=None, task="", chief=True, timeout_secs=120.0, close_grace_secs=15.0
+    ):
         self._counts = (queued.read_value(), applied.read_value())
-        self._loop, self._task = loop, task
+        self._loop, self._task, self._chief = loop, task, chief
         self._timeout_secs, self._close_grace_secs = timeout_secs, close_grace_secs
         self._coord = None
 
@@ -305,7 +312,9 @@ class _DrainHook(v1.train.SessionRunHook):
             if self._coord is not None and self._coord.should_stop():
                 error = getattr(self._loop, "error", None)
                 left = queued - applied
-                if not isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError):
+                lost_ps = isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError)
+                # A session ends without an error at the last step or on a preemption (which exits 150).
+                if self._chief or not lost_ps or preemption.requested():
                     log.warning("%d queued gradient(s) not applied: the transfer loop stopped", left)
                     return
                 first = servers.first_error_line([str(error.message)])
