@@ -140,8 +140,16 @@ def soak(
     cluster.start()
     try:
         codes = cluster.wait(timeout=timeout_secs, on_tick=tick)
+    except TimeoutError:
+        # A long soak's faults are worth their report even when training outlasted the timeout.
+        print(f"chaos soak timed out after {timeout_secs:.0f} s:\n{_report(cluster, faults, logdir, {})}")
+        raise
     finally:
         cluster.stop()
+    return _report(cluster, faults, logdir, codes)
+
+
+def _report(cluster: LocalCluster, faults: list[Fault], logdir: str, codes: dict) -> Report:
     events = read_chief_log(cluster.chief_task.log_path)
     back = account(faults, events)
     results = read_results(logdir)
