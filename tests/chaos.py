@@ -20,11 +20,12 @@ import time
 
 from disttrain.bench.measure import parse_line
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster
+from disttrain.local import LocalCluster, LogFollower
 
 # Where a chief resumes: adopted live state, a restored checkpoint (start or in-process recovery).
 _RESUMED = re.compile(r"(?:adopting the PS tasks' live state at global step (\d+)|restoring \S*ckpt-(\d+))")
 _TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+_FINISHED = re.compile(r"finished: \d+ local steps to global step (\d+)")
 
 
 @dataclasses.dataclass
@@ -112,6 +113,7 @@ def soak(
     seed: int = 0,
     signals=(signal.SIGKILL, signal.SIGTERM),
     timeout_secs: float = 900.0,
+    last_step: int | None = None,
     **cluster_kwargs,
 ) -> Report:
     rng = random.Random(seed)
@@ -122,12 +124,21 @@ def soak(
     start = time.monotonic()
     due = [start + rng.uniform(0.5, 1.5) * every_secs]
 
+    followers = [LogFollower(t.log_path) for t in cluster.tasks if t.job != "ps"]
+    ending = []
+
     def tick():
         now = time.monotonic()
-        if now < due[0] or now - start > duration_secs:
+        if now < due[0] or now - start > duration_secs or ending:
             return
-        if any(t.proc is not None and t.proc.poll() == 0 for t in cluster.tasks):
-            return  # training is ending: a PS restarted now would wait for replicas that are done
+        # Training is ending once a replica has finished its last step (it may not have exited yet):
+        # a PS or replica restarted now would wait for replicas that are done.
+        for follower in followers:
+            finished = [m for line in follower.new_lines() if (m := _FINISHED.search(line))]
+            if last_step is not None and any(int(m.group(1)) >= last_step for m in finished):
+                ending.append(now)
+        if ending or any(t.proc is not None and t.proc.poll() == 0 for t in cluster.tasks):
+            return
         due[0] = now + rng.uniform(0.5, 1.5) * every_secs
         live = [t for t in cluster.tasks if t.proc is not None and t.proc.poll() is None]
         if not live:

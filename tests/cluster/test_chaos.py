@@ -59,6 +59,7 @@ def test_chaos_soak(tmp_path, strategy):
         num_ps=2 if strategy != "allreduce" else 0,
         num_workers=2,
         timeout_secs=SECS + 600,
+        last_step=steps,
     )
     print(f"chaos soak, {strategy}:\n{report}")
     (tmp_path / "report.txt").write_text(str(report))
