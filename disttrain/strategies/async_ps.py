@@ -309,9 +309,9 @@ class _DrainHook(v1.train.SessionRunHook):
             queued, applied = session.run(self._counts)
             if applied >= queued:
                 return
+            left = queued - applied
             if self._coord is not None and self._coord.should_stop():
                 error = getattr(self._loop, "error", None)
-                left = queued - applied
                 lost_ps = isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError)
                 # A session ends without an error at the last step or on a preemption (which exits 150).
                 if self._chief or not lost_ps or preemption.requested():
@@ -327,7 +327,6 @@ class _DrainHook(v1.train.SessionRunHook):
                 exit_if_still_running.start()
                 return
             if time.monotonic() > deadline:
-                left = queued - applied
                 log.warning("%d queued gradient(s) not applied after %.0f s", left, self._timeout_secs)
                 return
             time.sleep(0.02)
