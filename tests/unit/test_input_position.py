@@ -15,7 +15,9 @@ def _train(directory, steps: int, save_steps: int) -> list[int]:
         context = InputContext()
         value = context.get_next(tf.data.Dataset.range(1000))
         train = step.assign_add(1)
-        hook = InputPositionHook(str(directory), context, step.read_value(), save_steps, None)
+        with tf.control_dependencies([train]):  # the step after this run's increment, never before it
+            after = step.read_value()
+        hook = InputPositionHook(str(directory), context, after, save_steps, None)
         read = []
         with v1.train.MonitoredSession(hooks=[hook]) as session:
             for _ in range(steps):
