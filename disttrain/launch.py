@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import evaluation, logs, metrics, placement, preemption, servers, trainer
+from disttrain import evaluation, logs, metrics, placement, preemption, recovery, servers, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings
@@ -140,8 +140,10 @@ def session(
     Everything `fit` does comes with it (servers, bounded peer waits,
     checkpoints, throughput, NaN guard, telling the PS when done). On a PS
     task it serves until training is done and then exits the process with
-    code 0: a PS never enters the body. `session.result` is what this task
-    measured, once the block has ended.
+    code 0: a PS never enters the body. A replica started when the latest
+    checkpoint is already at `steps` (restarted after the end) waits for no
+    peer: its session stops before the first step. `session.result` is what
+    this task measured, once the block has ended.
     """
     cluster = strategy.cluster
     with errors_to_exit(cluster):
@@ -151,6 +153,10 @@ def session(
         if ROLES[cluster.task_type] == SERVE:
             serve(cluster, settings)
             sys.exit(0)
+        over = _training_over(cluster, strategy, settings, logdir, steps)
+        if over is not None:
+            yield over
+            return
         target, on_reconnect, session_config = _connect(cluster, strategy, settings, logdir)
         with trainer.monitored_session(
             cluster,
@@ -174,6 +180,45 @@ def session(
                 f"{cluster.task_name} preempted ({preemption.reason()}): stopped at global step "
                 f"{monitored.result.global_step}; exiting to be restarted"
             )
+
+
+class _Over:
+    """What `session` yields to a replica started after training ended: it stops before any step."""
+
+    def __init__(self, result: metrics.TaskThroughput):
+        self.result = result
+
+    def should_stop(self) -> bool:
+        return True
+
+    def run(self, *args, **kwargs):
+        raise RuntimeError("training was over before this task started: there is no step to run")
+
+
+def _training_over(
+    cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str, steps: int
+) -> _Over | None:
+    """A replica started when the run's checkpoint is already at `steps`: tell the PS tasks, end.
+
+    A replica killed between its last step and its exit is restarted after
+    its peers have gone: waiting for them would end in a loop of restarts. So
+    it ends at once, as finished, and under a PS strategy first tells the PS
+    tasks still waiting for its report (those already gone are skipped).
+    """
+    latest = v1.train.latest_checkpoint(logdir)
+    step = recovery.checkpoint_step(latest)
+    if step is None or step < steps:
+        return None
+    log.info(
+        f"{cluster.task_name}: training is already over: {latest} is at global step {step}, train_steps "
+        f"is {steps} (to train more, raise the step count or give a new log directory); exiting"
+    )
+    if cluster.num_ps and not cluster.is_local and not preemption.requested():
+        config = strategy.session_config(settings.intra_op_threads, settings.inter_op_threads)
+        servers.signal_done(cluster, servers.start_server(cluster, config).target)
+    result = metrics.TaskThroughput(cluster.task_name, cluster.is_chief, global_step=step)
+    trainer.write_result(logdir, cluster.task_type, cluster.task_index, result)
+    return _Over(result)
 
 
 def make_strategy(strategy, cluster: Cluster) -> Strategy:

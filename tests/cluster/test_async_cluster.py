@@ -117,7 +117,7 @@ def test_restart_resumes_from_the_latest_checkpoint(tmp_path):
     assert set(codes.values()) == {0}, describe_failure(third)
     assert read_results(third.logdir)["worker_0"]["local_steps"] == 0
     assert tf.train.load_checkpoint(third.logdir).get_tensor("global_step") == step2
-    assert "nothing to train" in open(third.chief_task.log_path).read()
+    assert "training is already over" in open(third.chief_task.log_path).read()
 
 
 def test_separate_chief_and_evaluator(tmp_path):

@@ -6,6 +6,7 @@ for ever to tell them it was done (TF's session creation has no timeout).
 """
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -106,3 +107,51 @@ def test_a_replica_whose_ps_left_during_the_overlap_drain_exits_0_with_one_line(
     assert code == 0, describe_failure(cluster)
     said = [line for line in log.splitlines() if "a PS left while the last gradients were applied" in line]
     assert len(said) == 1 and "training is over: exiting" in said[0], log[-3000:]
+
+
+def _start_again(cluster: LocalCluster, task) -> subprocess.CompletedProcess:
+    """Run `task` once more, as an orchestrator restarting it would; its output (both streams) captured."""
+    env = dict(os.environ, TF_CONFIG=cluster.tf_config(task), PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        cluster.argv(task), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120
+    )
+
+
+def test_a_replica_restarted_after_training_ended_reports_to_the_waiting_ps_and_exits_0(tmp_path):
+    """Worker 1 died before reporting; its restart finds the last checkpoint and lets the PS go.
+
+    Started again once the PS has gone too, it ends at once (it waited for the PS, then failed).
+    """
+    cluster = LocalCluster(
+        ["gin/mlp_sync.gin", TINY],
+        str(tmp_path / "logdir"),
+        num_ps=1,
+        num_workers=2,
+        gin_params=["SyncParameterServer.backup_workers=1", "TrainConfig.ps_linger_secs=600"],
+    ).start()
+    try:
+        ps, worker_0, worker_1 = cluster.tasks
+        worker_1.proc.kill()  # with a backup worker the chief trains on alone; the PS waits for worker 1
+        assert wait_exit(worker_0.proc, 240) == 0, describe_failure(cluster)
+        assert ps.proc.poll() is None, describe_failure(cluster)
+        again = _start_again(cluster, worker_1)
+        ps_code = wait_exit(ps.proc, 60)
+        # Once more, with the PS gone too: nothing left to wait for, nothing to tell.
+        once_more = _start_again(cluster, worker_1)
+    finally:
+        cluster.stop()
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "/job:worker/task:1: training is already over" in again.stdout, again.stdout[-3000:]
+    assert ps_code == 0, describe_failure(cluster)
+    assert "2/2 replicas reported" in open(ps.log_path).read()
+    assert once_more.returncode == 0, once_more.stdout[-3000:]
+    assert "/job:ps/task:0 already gone" in once_more.stdout, once_more.stdout[-3000:]
+
+
+def test_an_allreduce_replica_restarted_after_its_peers_exited_0_exits_0_without_waiting(tmp_path):
+    cluster = LocalCluster(["gin/mlp_allreduce.gin", TINY], str(tmp_path / "logdir"), num_ps=0).start()
+    codes = cluster.wait(timeout=240)
+    assert set(codes.values()) == {0}, describe_failure(cluster)
+    again = _start_again(cluster, cluster.tasks[1])  # peer_wait_secs is 60: it would wait, then fail
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "/job:worker/task:1: training is already over" in again.stdout, again.stdout[-3000:]
