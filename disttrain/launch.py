@@ -91,7 +91,7 @@ def fit(
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
         lives = {
-            SERVE: lambda: serve(cluster, settings),
+            SERVE: lambda: serve(cluster, settings, logdir, steps),
             EVALUATE: lambda: _evaluate(eval_fn, logdir, batch_size, eval_steps, steps, settings),
             TRAIN: lambda: train_replica(
                 make_strategy(strategy, cluster),
@@ -151,7 +151,7 @@ def session(
         logs.to_console()
         preemption.install(settings.preempt_secs)
         if ROLES[cluster.task_type] == SERVE:
-            serve(cluster, settings)
+            serve(cluster, settings, logdir, steps)
             sys.exit(0)
         over = _training_over(cluster, strategy, settings, logdir, steps)
         if over is not None:
@@ -195,15 +195,12 @@ class _Over:
         raise RuntimeError("training was over before this task started: there is no step to run")
 
 
-def _training_over(
-    cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str, steps: int
-) -> _Over | None:
-    """A replica started when the run's checkpoint is already at `steps`: tell the PS tasks, end.
+def _over_at(cluster: Cluster, logdir: str, steps: int) -> int | None:
+    """The latest checkpoint's global step when it is already at `steps` (training is over), else None.
 
-    A replica killed between its last step and its exit is restarted after
-    its peers have gone: waiting for them would end in a loop of restarts. So
-    it ends at once, as finished, and under a PS strategy first tells the PS
-    tasks still waiting for its report (those already gone are skipped).
+    A task killed between the last step and its exit is restarted after its
+    peers have gone: waiting for them would end in a loop of restarts. So it
+    says so and ends at once, as finished.
     """
     latest = v1.train.latest_checkpoint(logdir)
     step = recovery.checkpoint_step(latest)
@@ -213,6 +210,20 @@ def _training_over(
         f"{cluster.task_name}: training is already over: {latest} is at global step {step}, train_steps "
         f"is {steps} (to train more, raise the step count or give a new log directory); exiting"
     )
+    return step
+
+
+def _training_over(
+    cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str, steps: int
+) -> _Over | None:
+    """A replica started after training ended: tell the PS tasks still waiting for it, then end.
+
+    Under a PS strategy each PS serves until the replicas report (or the
+    chief and a linger); those already gone are skipped.
+    """
+    step = _over_at(cluster, logdir, steps)
+    if step is None:
+        return None
     if cluster.num_ps and not cluster.is_local and not preemption.requested():
         config = strategy.session_config(settings.intra_op_threads, settings.inter_op_threads)
         servers.signal_done(cluster, servers.start_server(cluster, config).target)
@@ -273,8 +284,14 @@ def fail(message: str, code: int = ConfigError.exit_code):
 # ---- the two roles every entry shares ------------------------------------------
 
 
-def serve(cluster: Cluster, settings: RunSettings) -> None:
-    """A PS task's whole life: serve variables until every replica is done (or the chief and a linger)."""
+def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> None:
+    """A PS task's whole life: serve variables until every replica is done (or the chief and a linger).
+
+    Started when the checkpoint in `logdir` is already at `steps`, it ends at
+    once: no replica would report to it.
+    """
+    if _over_at(cluster, logdir, steps) is not None:
+        return
     server = servers.start_server(
         cluster, v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads)
     )

@@ -58,7 +58,7 @@ def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trai
 
 
 def _serve(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
-    launch.serve(cluster, config)
+    launch.serve(cluster, config, logdir, config.train_steps)
     return 0
 
 

@@ -120,7 +120,8 @@ def _start_again(cluster: LocalCluster, task) -> subprocess.CompletedProcess:
 def test_a_replica_restarted_after_training_ended_reports_to_the_waiting_ps_and_exits_0(tmp_path):
     """Worker 1 died before reporting; its restart finds the last checkpoint and lets the PS go.
 
-    Started again once the PS has gone too, it ends at once (it waited for the PS, then failed).
+    Started again once the PS has gone too, it ends at once (it waited for the PS, then failed);
+    so does the PS started again (it waited for ever for reports).
     """
     cluster = LocalCluster(
         ["gin/mlp_sync.gin", TINY],
@@ -138,6 +139,7 @@ def test_a_replica_restarted_after_training_ended_reports_to_the_waiting_ps_and_
         ps_code = wait_exit(ps.proc, 60)
         # Once more, with the PS gone too: nothing left to wait for, nothing to tell.
         once_more = _start_again(cluster, worker_1)
+        ps_again = _start_again(cluster, ps)  # no replica would report to it: it ends at once
     finally:
         cluster.stop()
     assert again.returncode == 0, again.stdout[-3000:]
@@ -146,6 +148,8 @@ def test_a_replica_restarted_after_training_ended_reports_to_the_waiting_ps_and_
     assert "2/2 replicas reported" in open(ps.log_path).read()
     assert once_more.returncode == 0, once_more.stdout[-3000:]
     assert "/job:ps/task:0 already gone" in once_more.stdout, once_more.stdout[-3000:]
+    assert ps_again.returncode == 0, ps_again.stdout[-3000:]
+    assert "/job:ps/task:0: training is already over" in ps_again.stdout, ps_again.stdout[-3000:]
 
 
 def test_an_allreduce_replica_restarted_after_its_peers_exited_0_exits_0_without_waiting(tmp_path):
