@@ -181,6 +181,19 @@ def failed_in_tf_text(texts: Iterable[str]) -> list[str]:
     return sorted(direct or named, key=_task_order)
 
 
+def collective_aborted_by_peer(text: str) -> bool:
+    """Whether TF's text is a collective aborted because a peer failed: transient, like a lost peer.
+
+    A peer that tears down its side of a collective (it was aborted itself,
+    after an RPC of its own failed or a task restarted) answers the pending
+    RecvBuf with that error, and TF raises it as InternalError, not
+    Unavailable ("Collective ops is aborted by: Delete called on non-empty
+    BufRendezvous ... from remote target ..."). A mismatch between the
+    members (shapes, group sizes) is the run's own fault and stays an error.
+    """
+    return "Collective ops is aborted by" in text and "from remote target" in text and "mismatch" not in text
+
+
 def first_error_line(texts: Iterable[str]) -> str:
     """TF's first error line, e.g. "UNAVAILABLE: recvmsg:Connection reset by peer".
 

@@ -339,3 +339,40 @@ def test_waiting_for_a_peer_says_whom_since_when_and_until_when(caplog):
         said
     )
     assert said[0].endswith("giving up in 3 s (peer_wait_secs=3)") and "giving up in 1 s" in said[-1], said
+
+
+# 2 workers, all-reduce, in the 20-minute chaos soak: worker 0 failed a step ("The same RunGraph
+# (Worker) request was received twice", TF's gRPC retry after a restart) and tore down its side of
+# the collective; worker 1's Session.run raised this InternalError (it exited 1 with a traceback).
+COLLECTIVE_ABORTED = r"""Graph execution error:
+
+Detected at node 'allreduce/allreduce_bucket_1/CollectiveReduceV2' defined at (most recent call last):
+Node: 'allreduce/allreduce_bucket_1/CollectiveReduceV2'
+From /job:worker/replica:0/task:1:
+Collective ops is aborted by: Delete called on non-empty BufRendezvous
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:13, grpc_message:"Delete called on non-empty BufRendezvous"}
+The error could be from a previous operation. Restart your program to reset.
+	 [[{{node allreduce/allreduce_bucket_1/CollectiveReduceV2}}]]
+"""
+
+
+def test_a_collective_aborted_by_a_peer_is_transient_and_names_the_peer(capsys):
+    cluster = Cluster(
+        jobs={"worker": [f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"]},
+        task_type="worker",
+        task_index=1,
+    )
+    with pytest.raises(SystemExit) as e, cli.errors_to_exit(cluster):
+        raise tf.errors.InternalError(None, None, COLLECTIVE_ABORTED)
+    assert e.value.code == EXIT_TRANSIENT
+    assert capsys.readouterr().err.strip() == "disttrain: error: lost contact: /job:worker/task:0 is gone"
+
+
+def test_any_other_internal_error_stays_an_error():
+    mismatch = COLLECTIVE_ABORTED.replace(
+        "Delete called on non-empty BufRendezvous", "Shape mismatch in the collective instance 100"
+    )
+    for text in ("Graph execution error: something TF did not expect", mismatch):
+        with pytest.raises(tf.errors.InternalError), cli.errors_to_exit():
+            raise tf.errors.InternalError(None, None, text)
