@@ -264,9 +264,15 @@ def errors_to_exit(cluster: Cluster | None = None):
         yield
     except DisttrainError as e:
         fail(str(e), e.exit_code)
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.InternalError) as e:
+    except (
+        tf.errors.UnavailableError,
+        tf.errors.AbortedError,
+        tf.errors.InternalError,
+        tf.errors.CancelledError,
+    ) as e:
         texts = [str(e.message or type(e).__name__)]
-        if isinstance(e, tf.errors.InternalError) and not servers.collective_aborted_by_peer(texts[0]):
+        passed_on = isinstance(e, tf.errors.InternalError | tf.errors.CancelledError)
+        if passed_on and not servers.failed_with_a_peer(texts[0]):
             raise
         if cluster is None or cluster.is_local:
             lost = servers.lost_peers(None, texts, {})

@@ -181,17 +181,26 @@ def failed_in_tf_text(texts: Iterable[str]) -> list[str]:
     return sorted(direct or named, key=_task_order)
 
 
-def collective_aborted_by_peer(text: str) -> bool:
-    """Whether TF's text is a collective aborted because a peer failed: transient, like a lost peer.
+_PEER_FAILED = re.compile(r"^(ABORTED|UNAVAILABLE): From /job:", re.M)
 
-    A peer that tears down its side of a collective (it was aborted itself,
-    after an RPC of its own failed or a task restarted) answers the pending
-    RecvBuf with that error, and TF raises it as InternalError, not
-    Unavailable ("Collective ops is aborted by: Delete called on non-empty
-    BufRendezvous ... from remote target ..."). A mismatch between the
-    members (shapes, group sizes) is the run's own fault and stays an error.
+
+def failed_with_a_peer(text: str) -> bool:
+    """Whether TF's InternalError or CancelledError text is a peer's failure passed on: transient.
+
+    TF raises a step whose parts failed together as one of their errors. A
+    peer that tore down its side of a collective (aborted itself, or
+    restarted) answers with InternalError ("Collective ops is aborted by:
+    Delete called on non-empty BufRendezvous ... from remote target ...");
+    a part of this task cancelled beside a peer's ABORTED or UNAVAILABLE
+    comes up as CancelledError. Both are a lost or restarted peer, like the
+    Unavailable and Aborted errors themselves. A mismatch between the members
+    of a collective (shapes, group sizes) is the run's own fault and stays an
+    error.
     """
-    return "Collective ops is aborted by" in text and "from remote target" in text and "mismatch" not in text
+    if "mismatch" in text:
+        return False
+    collective = "Collective ops is aborted by" in text and "from remote target" in text
+    return collective or bool(_PEER_FAILED.search(text))
 
 
 def first_error_line(texts: Iterable[str]) -> str:

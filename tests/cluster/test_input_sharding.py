@@ -27,6 +27,7 @@ IDS, FILES, BATCH = 256, 8, 4
 
 SCRIPT = """
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -38,6 +39,7 @@ OUT = {out!r}
 
 
 def record(ids, replica, tower):
+    time.sleep(0.1)  # a step as slow as a real one: the restart test kills worker 1 mid-run
     with open(os.path.join(OUT, f"ids_{{os.getpid()}}_{{replica}}_{{tower}}.txt"), "a") as f:
         f.write("".join(f"{{i}}\\n" for i in ids))
     return np.int64(len(ids))
@@ -137,6 +139,7 @@ def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
         while not list(task_dir.glob("input-r2t2-*.index")):
             assert time.monotonic() < deadline, "worker 1 never saved its input position"
             time.sleep(0.05)
+        assert procs["worker_1"].poll() is None, "worker 1 ended before it could be killed"
         os.kill(procs["worker_1"].pid, signal.SIGKILL)
         procs["worker_1"].wait()
         procs["worker_1"] = start(path, tmp_path, cluster, "worker", 1, tag="_restarted")
