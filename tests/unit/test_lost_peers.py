@@ -301,18 +301,23 @@ def test_lost_peer_log_keeps_tf_records_for_the_next_reconnection():
     assert calls == [[INCIDENT_LOG], []]
 
 
-def test_errors_to_exit_names_the_lost_peer_never_this_task(listening_port, capsys):
+def _exit_of(error, text, ps_0_port=None) -> int:
+    """The exit code of `errors_to_exit` on worker 1 of 2 PS + 2 workers (only PS 0 may listen)."""
     cluster = Cluster(
         jobs={
-            "ps": [f"127.0.0.1:{listening_port}", f"127.0.0.1:{closed_port()}"],
+            "ps": [f"127.0.0.1:{ps_0_port or closed_port()}", f"127.0.0.1:{closed_port()}"],
             "worker": [f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"],
         },
         task_type="worker",
         task_index=1,
     )
     with pytest.raises(SystemExit) as e, cli.errors_to_exit(cluster):
-        raise tf.errors.UnavailableError(None, None, PS_LOST_RELAYED)
-    assert e.value.code == EXIT_TRANSIENT
+        raise error(None, None, text)
+    return e.value.code
+
+
+def test_errors_to_exit_names_the_lost_peer_never_this_task(listening_port, capsys):
+    assert _exit_of(tf.errors.UnavailableError, PS_LOST_RELAYED, listening_port) == EXIT_TRANSIENT
     assert capsys.readouterr().err.strip() == "disttrain: error: lost contact: /job:ps/task:1 is gone"
 
 
@@ -387,17 +392,7 @@ The same RunGraph (Worker) request was received twice. goo.gle/debugproto    gra
 def test_a_peer_failure_tf_passes_on_as_another_error_is_transient_and_names_the_peer(
     capsys, error, text, lost
 ):
-    cluster = Cluster(
-        jobs={
-            "ps": [f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"],
-            "worker": [f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"],
-        },
-        task_type="worker",
-        task_index=1,
-    )
-    with pytest.raises(SystemExit) as e, cli.errors_to_exit(cluster):
-        raise error(None, None, text)
-    assert e.value.code == EXIT_TRANSIENT
+    assert _exit_of(error, text) == EXIT_TRANSIENT
     assert capsys.readouterr().err.strip() == f"disttrain: error: lost contact: {lost}"
 
 
