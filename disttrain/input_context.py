@@ -37,6 +37,9 @@ log = logging.getLogger("disttrain")
 # The iterators saved_iterator made, per graph. Not a graph collection: a collection of Python
 # objects makes every meta-graph export (each checkpoint) warn that it cannot serialize them.
 _ITERATORS: weakref.WeakKeyDictionary[tf.Graph, list] = weakref.WeakKeyDictionary()
+# Per graph, every `get_next`'s (tower, "this batch is real data" flag), in the order they were
+# made: a strategy takes those its tower's loss made (`flags_since`) to weigh the tower (Join).
+_PRESENT: weakref.WeakKeyDictionary[tf.Graph, list] = weakref.WeakKeyDictionary()
 
 
 def shard_files(files: Sequence[str], index: int, count: int) -> tuple[list[str], bool]:
@@ -59,9 +62,90 @@ def shard_records(
     names = tf.io.gfile.glob(files) if isinstance(files, str) else list(files)
     if not names:
         raise FileNotFoundError(f"no files match {files!r}")
+    say_uneven(names, count)
     names, by_record = shard_files(names, index, count)
     dataset = reader(names)
     return dataset.shard(count, index) if by_record else dataset
+
+
+_SAID: set[tuple] = set()
+
+
+def say_uneven(names: Sequence[str], count: int) -> None:
+    """One line (once per process) when `names` do not divide evenly among `count` pipelines.
+
+    Pipelines then end at different steps (see `joined`): the line gives
+    the files and bytes each one reads.
+    """
+    key = (tuple(sorted(names)), count)
+    if key in _SAID or count == 1:
+        return
+    _SAID.add(key)
+    names = sorted(names)
+    if len(names) < count:
+        log.info(
+            f"input: {len(names)} file(s) for {count} pipelines: each keeps one record in {count} of all "
+            "of them, so their record counts may differ by one batch; a pipeline whose data ends first "
+            "waits with zero weight while the others finish (Join)"
+        )
+        return
+    if len(names) % count == 0 and len({_size(n) for n in names}) == 1:
+        return
+    shares = [names[i::count] for i in range(count)]
+    each = ", ".join(f"{len(s)} ({sum(_size(n) for n in s) / 2**20:.1f} MiB)" for s in shares)
+    log.info(
+        f"input: {len(names)} files do not divide evenly among {count} pipelines: files (bytes) per "
+        f"pipeline {each}; pipelines whose data ends first wait with zero weight while the others finish "
+        "(Join)"
+    )
+
+
+def _size(name: str) -> int:
+    try:
+        return tf.io.gfile.stat(name).length
+    except tf.errors.OpError:
+        return 0
+
+
+def joined(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset`'s elements as (element, True), then a stand-in element as (element, False) for ever.
+
+    What lets a synchronous cluster go on when one pipeline's data ends
+    before the others' (PyTorch calls it Join): the tower whose data ended
+    keeps computing on a stand-in batch whose gradient weighs nothing,
+    instead of ending its replica and leaving its peers waiting. The
+    stand-in is the pipeline's first element read again (real shapes and
+    types, so a model that parses or reshapes it works), or zeros when the
+    pipeline had no element at all.
+    """
+    real = tf.data.Dataset.zip((dataset, tf.data.Dataset.from_tensors(True).repeat()))
+    stand_in = dataset.take(1).cache().repeat()
+    zeros = _zeros(dataset.element_spec)
+    if zeros is not None:
+        stand_in = stand_in.concatenate(zeros.repeat())
+    return real.concatenate(tf.data.Dataset.zip((stand_in, tf.data.Dataset.from_tensors(False).repeat())))
+
+
+def _zeros(spec) -> tf.data.Dataset | None:
+    """One element of zeros (empty strings) with `spec`'s structure; None if a part is not a dense tensor.
+
+    A dimension the spec leaves open gets 1.
+    """
+    specs = tf.nest.flatten(spec)
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in specs):
+        return None
+    zeros = [tf.zeros([d if d is not None else 1 for d in s.shape.as_list()], s.dtype) for s in specs]
+    return tf.data.Dataset.from_tensors(tf.nest.pack_sequence_as(spec, zeros))
+
+
+def flags_since(graph: tf.Graph, start: int) -> list[tf.Tensor]:
+    """The data-present flags `get_next` made in `graph` from the `start`-th on (see `joined`)."""
+    return [flag for _, flag in _PRESENT.get(graph, [])[start:]]
+
+
+def flag_count(graph: tf.Graph) -> int:
+    """How many data-present flags `get_next` has made in `graph` so far."""
+    return len(_PRESENT.get(graph, []))
 
 
 def takes_context(loss_fn: Callable) -> bool:
@@ -130,9 +214,24 @@ class InputContext:
 
         A replica that restarts goes on from its last saved position instead
         of reading its share again from the start (see the module docstring).
-        The end of a dataset that does not repeat ends training.
+        The end of a dataset that does not repeat ends this pipeline's
+        training: under every strategy the other pipelines go on with their
+        own data while this tower computes on a stand-in batch that weighs
+        nothing (`joined`; `data_present()` tells which); training ends when
+        every pipeline's data has ended.
         """
-        return saved_iterator(dataset).get_next()
+        element, present = saved_iterator(joined(dataset)).get_next()
+        _PRESENT.setdefault(v1.get_default_graph(), []).append((self.tower_index, present))
+        return element
+
+    def data_present(self) -> tf.Tensor:
+        """A bool tensor: True while every batch this tower's `get_next` calls read is real data.
+
+        False once one of them has ended and the tower computes on a stand-in
+        batch with zero weight. True (a constant) before any `get_next`.
+        """
+        mine = [flag for tower, flag in _PRESENT.get(v1.get_default_graph(), []) if tower == self.tower_index]
+        return tf.reduce_all(tf.stack(mine)) if mine else tf.constant(True)
 
 
 _POSITION = re.compile(r"input-r(\d+)t(\d+)-(\d+)\.index$")

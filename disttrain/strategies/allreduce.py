@@ -71,6 +71,7 @@ def all_reduce_mean(
     group_key: int = GROUP_KEY,
     communication_hint: str = "auto",
     max_subdivs: int = -1,
+    divisor: tf.Tensor | None = None,
 ) -> list[tf.Tensor]:
     """The mean of `grads` over `group_size` replicas, built for one replica on the current device.
 
@@ -82,7 +83,9 @@ def all_reduce_mean(
     them, not the order; chaining them made a bucket wait for the previous
     one to finish, by then the compute thread was busy). `max_subdivs`
     caps how many pieces TF's ring splits each bucket into, to keep more of
-    it in flight at once (-1: TF's default).
+    it in flight at once (-1: TF's default). `divisor`: what the sum is
+    divided by instead of `group_size` (a float32 scalar tensor: the towers
+    that contributed, under Join).
     """
     if group_size == 1:
         return list(grads)
@@ -112,10 +115,20 @@ def all_reduce_mean(
                     communication_hint=communication_hint,
                     max_subdivs_per_device=max_subdivs,
                 )
-                mean = tf.cast(summed, dtype) / tf.constant(group_size, dtype)
+                by = tf.constant(group_size, dtype) if divisor is None else tf.cast(divisor, dtype)
+                mean = tf.cast(summed, dtype) / by
                 for i, part in zip(members, _unflatten(mean, [grads[i].shape for i in members]), strict=True):
                     out[i] = part
     return out
+
+
+def _scaled(grad, weight: tf.Tensor):
+    """`grad` (dense or rows) times a float32 scalar `weight`."""
+    if sparse.is_sparse(grad):
+        return tf.IndexedSlices(
+            grad.values * tf.cast(weight, grad.values.dtype), grad.indices, grad.dense_shape
+        )
+    return grad * tf.cast(weight, grad.dtype)
 
 
 def _gather(tensor, group_size: int, key: int, group_key: int, communication_hint: str):
@@ -142,6 +155,7 @@ def all_gather_mean(
     group_key: int = GROUP_KEY,
     communication_hint: str = "auto",
     after=None,
+    divisor: tf.Tensor | None = None,
 ) -> list[tf.IndexedSlices]:
     """The mean of sparse gradients over `group_size` replicas, as rows: every replica's rows, / N.
 
@@ -151,7 +165,8 @@ def all_gather_mean(
     to the largest count), and the indices, each tagged with which gradient
     it belongs to (index * len(group) + position). Every replica must call it
     with the same gradients' dtypes and row shapes in the same order, and the
-    same `instance_keys`. `after`: an op the exchange waits for.
+    same `instance_keys`. `after`: an op the exchange waits for. `divisor`:
+    as all_reduce_mean's.
     """
     if group_size == 1:
         return list(grads)
@@ -180,7 +195,8 @@ def all_gather_mean(
             all_tagged = _gather(tagged, key=next(keys), **common)
             after = all_tagged
             real = tf.reshape(tf.sequence_mask(counts, longest), [-1])
-            all_values = tf.cast(tf.boolean_mask(all_values, real), dtype) / tf.constant(group_size, dtype)
+            by = tf.constant(group_size, dtype) if divisor is None else tf.cast(divisor, dtype)
+            all_values = tf.cast(tf.boolean_mask(all_values, real), dtype) / by
             all_tagged = tf.boolean_mask(all_tagged, real)
             owner = tf.cast(all_tagged % count, tf.int32)
             parts_v = tf.dynamic_partition(all_values, owner, count)
@@ -290,49 +306,83 @@ class SyncAllReduce(Strategy):
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         # Instance keys restart with every graph, in build order, so they match on every task.
         self._keys = itertools.count(1)
+        contributed = self.data_weight  # towers with real data: this replica's, then the group's
         if self.group_size > 1:
-            grads = [self._dense_or_rows(g, v) for g, v in grads_and_vars]
-            dense = [i for i, g in enumerate(grads) if not sparse.is_sparse(g)]
-            rows = [i for i, g in enumerate(grads) if sparse.is_sparse(g)]
-            common = dict(
-                transfer_dtype=self.transfer_dtype,
-                instance_keys=self._keys,
-                communication_hint=self.communication_hint,
-            )
-
-            def reduce_dense(tensors, setting: tuning.Setting, keys):
-                return all_reduce_mean(
-                    tensors,
-                    self.group_size,
-                    setting.bucket_bytes,
-                    max_subdivs=setting.max_subdivs,
-                    **{**common, "instance_keys": keys},
-                )
-
-            dense_grads = [grads[i] for i in dense]
-            with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
-                if self.tuner is not None:
-                    reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys)
-                else:
-                    configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
-                    reduced = reduce_dense(dense_grads, configured, self._keys)
-                gathered = all_gather_mean(
-                    [grads[i] for i in rows],
-                    self.group_size,
-                    after=tf.group(*reduced) if reduced else None,
-                    **common,
-                )
-            for i, g in zip(dense + rows, reduced + gathered, strict=True):
-                grads[i] = g
-            grads_and_vars = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
-            with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
-                flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
-                (anywhere,) = all_reduce_mean([flag], self.group_size, 4, instance_keys=self._keys)
-                self._vote = (flag, anywhere)
+            joined = self.data_weight is not None
+            if joined:  # the group's count first: every mean divides by it
+                self._build_vote(self.data_weight)
+                contributed = self._vote[1][1] * self.group_size
+            grads_and_vars = self._all_reduced(grads_and_vars, contributed if joined else None)
+            if not joined:
+                self._build_vote(None)
         with tf.device(self.compute_devices[0]):
             grads_and_vars = self.clip_aggregate(grads_and_vars)
-        update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        update = self.when_data(
+            lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step), contributed
+        )
         return update if self._vote is None else tf.group(update, self._vote[1], name="train_and_vote")
+
+    def _build_vote(self, data_weight: tf.Tensor | None) -> None:
+        """Every step's small all-reduce: [this replica's preemption flag, its towers with data].
+
+        Its mean over the group is `_vote[1]`: [> 0 if any replica is being
+        preempted, the group's towers with data / N].
+        """
+        with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
+            flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
+            weight = tf.constant(0.0) if data_weight is None else data_weight
+            (anywhere,) = all_reduce_mean(
+                [tf.stack([flag, weight])], self.group_size, 4, instance_keys=self._keys
+            )
+            self._vote = (flag, anywhere)
+
+    def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None):
+        """The gradients summed over the group and divided by the towers that contributed.
+
+        Without Join (`contributed` None) by the group's size, as a mean of
+        every replica's (tower-averaged) gradient; with Join each replica
+        sends its gradient times its towers with data, and the sum is divided
+        by the group's count of them (at least 1).
+        """
+        grads = [self._dense_or_rows(g, v) for g, v in grads_and_vars]
+        if contributed is not None:
+            with tf.device(self.compute_devices[0]), tf.name_scope("join_weight"):
+                grads = [_scaled(g, self.data_weight) for g in grads]
+                contributed = tf.maximum(contributed, 1.0)
+        dense = [i for i, g in enumerate(grads) if not sparse.is_sparse(g)]
+        rows = [i for i, g in enumerate(grads) if sparse.is_sparse(g)]
+        common = dict(
+            transfer_dtype=self.transfer_dtype,
+            instance_keys=self._keys,
+            communication_hint=self.communication_hint,
+            divisor=contributed,
+        )
+
+        def reduce_dense(tensors, setting: tuning.Setting, keys):
+            return all_reduce_mean(
+                tensors,
+                self.group_size,
+                setting.bucket_bytes,
+                max_subdivs=setting.max_subdivs,
+                **{**common, "instance_keys": keys},
+            )
+
+        dense_grads = [grads[i] for i in dense]
+        with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
+            if self.tuner is not None:
+                reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys)
+            else:
+                configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
+                reduced = reduce_dense(dense_grads, configured, self._keys)
+            gathered = all_gather_mean(
+                [grads[i] for i in rows],
+                self.group_size,
+                after=tf.group(*reduced) if reduced else None,
+                **common,
+            )
+        for i, g in zip(dense + rows, reduced + gathered, strict=True):
+            grads[i] = g
+        return [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
 
     @property
     def votes_on_preemption(self) -> bool:
@@ -447,6 +497,6 @@ class _PreemptionVote(v1.train.SessionRunHook):
         return v1.train.SessionRunArgs(self._anywhere, feed_dict=feed)
 
     def after_run(self, run_context, run_values):
-        if run_values.results > 0:
+        if run_values.results[0] > 0:
             preemption.request("a replica of the all-reduce group is being preempted")
             run_context.request_stop()

@@ -101,7 +101,7 @@ class AsyncParameterServer(PsStrategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.overlap:
-            return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+            return self.when_data(lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step))
         worker = self.compute_devices[0]
         queue, step, per_grad = self._queued(grads_and_vars)
         to_push = []
@@ -154,9 +154,13 @@ class AsyncParameterServer(PsStrategy):
             queue = v1.FIFOQueue(1, wire, name="gradients")
             queued = _local_variable(lambda: tf.constant(0, tf.int64), "queued")
             applied = _local_variable(lambda: tf.constant(0, tf.int64), "applied")
-            enqueue = queue.enqueue([tf.cast(t, w) for t, w in zip(flat, wire, strict=True)])
-            with tf.control_dependencies([enqueue]):
-                step = queued.assign_add(1, read_value=False)
+
+            def enqueue_and_count():
+                enqueue = queue.enqueue([tf.cast(t, w) for t, w in zip(flat, wire, strict=True)])
+                with tf.control_dependencies([enqueue]):
+                    return queued.assign_add(1, read_value=False)
+
+            step = self.when_data(enqueue_and_count)  # a step with no data queues nothing
             received = queue.dequeue()
             received = list(received) if isinstance(received, list | tuple) else [received]
         for tensor, sent in zip(received, flat, strict=True):

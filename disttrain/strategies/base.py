@@ -111,6 +111,31 @@ def _gradients_of_copies(optimizer, loss, copies) -> list[tuple[tf.Tensor, tf.Va
     return [(g, variable_of[c.ref()]) for g, c in pairs if g is not None]
 
 
+def _weighted_sum(grads: list, weights: list, share) -> tf.Tensor | tf.IndexedSlices:
+    """One variable's tower gradients combined: sum of weight x gradient, times `share`.
+
+    Weights None: the plain mean (`share` is 1/len). Sparse gradients stay
+    rows: every tower's side by side.
+    """
+    if len(grads) == 1 and weights[0] is None:
+        return grads[0]
+    if all(sparse.is_sparse(g) for g in grads):
+        if weights[0] is None:
+            return sparse.mean(grads)
+        scaled = [
+            tf.IndexedSlices(g.values * tf.cast(w * share, g.values.dtype), g.indices, g.dense_shape)
+            for g, w in zip(grads, weights, strict=True)
+        ]
+        return sparse.summed(scaled)
+    dense = [tf.convert_to_tensor(g) for g in grads]
+    if weights[0] is None:
+        return tf.add_n(dense) / len(dense)
+    dtype = dense[0].dtype
+    return tf.add_n([g * tf.cast(w, dtype) for g, w in zip(dense, weights, strict=True)]) * tf.cast(
+        share, dtype
+    )
+
+
 def _refuse_mod_lookups(graph: tf.Graph) -> None:
     """Fail if a split table is looked up with partition_strategy='mod' (its parts hold rows by 'div')."""
     if mod := placement.mod_lookups(graph):
@@ -212,6 +237,12 @@ class Strategy(abc.ABC):
         self.global_step_read: tf.Tensor | None = None
         self.tower = 0  # the tower whose loss is being built (towers call loss_fn in turn)
         self.batch_size: int | None = None  # examples per tower and step, when minimize() is told
+        # This replica's towers that read real data this step (float32), when its input comes
+        # through InputContext.get_next (None: it never ends; see input_context.joined).
+        self.data_weight: tf.Tensor | None = None
+        # True in a step that had no data where this strategy's update needs some, so that the
+        # update was skipped and training is over for this replica (set by when_data; None: never).
+        self.no_data: tf.Tensor | None = None
 
     # ---- devices ----------------------------------------------------
 
@@ -256,7 +287,7 @@ class Strategy(abc.ABC):
     # ---- gradients ----------------------------------------------------
 
     def _build_towers(self, optimizer, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
-        """Call loss_fn once per tower; return (losses, [(grad, var)] per tower).
+        """Call loss_fn once per tower; return (losses, [(grad, var)] per tower, data flags per tower).
 
         Each trainable `get_variable` variable is read once per step onto this
         host, by `read(variable) -> tensor` (default: a plain read), and the
@@ -272,7 +303,7 @@ class Strategy(abc.ABC):
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         graph = v1.get_default_graph()
         caching_getter = self._caching_getter(read or tf.identity, cached)
-        losses, tower_grads = [], []
+        losses, tower_grads, present = [], [], []
         for i, device in enumerate(self.compute_devices):
             self.tower = i
             with (
@@ -282,8 +313,9 @@ class Strategy(abc.ABC):
                     v1.get_variable_scope(), reuse=True if i > 0 else None, custom_getter=caching_getter
                 ),
             ):
-                before = len(graph.get_operations())
+                before, flags = len(graph.get_operations()), input_context.flag_count(graph)
                 loss = loss_fn()
+                present.append(input_context.flags_since(graph, flags))
                 copies = [pair for _, pairs in cached.values() for pair in pairs]
                 sparse.gather_on_tables(graph.get_operations()[before:], keep=[c for c, _ in copies])
                 # Variables get_variable did not make (Keras layers, tf.Variable) have no copy:
@@ -292,7 +324,7 @@ class Strategy(abc.ABC):
                 copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
                 tower_grads.append(_gradients_of_copies(optimizer, loss, copies))
                 losses.append(loss)
-        return losses, tower_grads
+        return losses, tower_grads, present
 
     def _caching_getter(self, read: Callable, cached: dict) -> Callable:
         """A custom getter that reads each trainable non-table variable once, by `read`, into `cached`."""
@@ -339,28 +371,49 @@ class Strategy(abc.ABC):
             ]
         if self.num_towers == 1 and read is None:
             graph = v1.get_default_graph()
-            before = len(graph.get_operations())
+            before, flags = len(graph.get_operations()), input_context.flag_count(graph)
             with self.setter.tower(self.compute_devices[0]):
-                self.loss = loss()
+                loss = loss()
             sparse.gather_on_tables(graph.get_operations()[before:])
-            return [
+            pairs = [
                 (g, v)
-                for g, v in optimizer.compute_gradients(self.loss, gate_gradients=self.gate_gradients)
+                for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
-        losses, tower_grads = self._build_towers(optimizer, loss, read)
-        if len(losses) == 1:
-            self.loss = losses[0]
-            return tower_grads[0]
+            losses, tower_grads, present = [loss], [pairs], [input_context.flags_since(graph, flags)]
+        else:
+            losses, tower_grads, present = self._build_towers(optimizer, loss, read)
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("tower_mean"):
+            return self._tower_mean(losses, tower_grads, present)
+
+    def _tower_mean(self, losses, tower_grads, present) -> list[tuple[tf.Tensor, tf.Variable]]:
+        """This replica's gradients: the mean over its towers that read real data this step.
+
+        Sets `self.loss` (the same mean of the towers' losses) and, when any
+        tower reads through `InputContext.get_next`, `self.data_weight`
+        (how many towers read real data). A step with none has zero gradients.
+        """
+        if not any(present):
+            if len(losses) == 1:
+                self.loss = losses[0]
+                return tower_grads[0]
             self.loss = tf.add_n(losses) / len(losses)
-            averaged = []
-            for pairs in zip(*tower_grads, strict=True):
-                grads, var = [g for g, _ in pairs], pairs[0][1]
-                if all(sparse.is_sparse(g) for g in grads):
-                    averaged.append((sparse.mean(grads), var))
-                else:
-                    averaged.append((tf.add_n([tf.convert_to_tensor(g) for g in grads]) / len(grads), var))
+            weights = [None] * len(losses)
+            share = 1.0 / len(losses)
+        else:
+            weights = [
+                tf.cast(tf.reduce_all(tf.stack(flags)), tf.float32) if flags else tf.constant(1.0)
+                for flags in present
+            ]
+            self.data_weight = tf.add_n(weights)
+            share = 1.0 / tf.maximum(self.data_weight, 1.0)
+            mean = tf.add_n([w * loss for w, loss in zip(weights, losses, strict=True)]) * share
+            # A step with no data at all reports its stand-in loss: the update is skipped anyway.
+            self.loss = tf.where(self.data_weight > 0, mean, tf.add_n(losses) / len(losses))
+        averaged = []
+        for pairs in zip(*tower_grads, strict=True):
+            grads, var = [g for g, _ in pairs], pairs[0][1]
+            averaged.append((_weighted_sum(grads, weights, share), var))
         return averaged
 
     def minimize(
@@ -468,6 +521,21 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def apply_gradients(self, optimizer, grads_and_vars, global_step) -> tf.Operation:
         """Bring this step's gradients to the variables."""
+
+    def when_data(self, update: Callable[[], object], weight: tf.Tensor | None = None) -> tf.Operation:
+        """`update()`, built to run only in a step where `weight` (default: `data_weight`) is above 0.
+
+        A step whose pipelines have all ended (`input_context.joined`) then
+        changes nothing, not even the global step, and sets `no_data`, after
+        which the loop stops. Without a weight (input that never ends, or a
+        loss not read through `InputContext.get_next`) it is `update()` itself.
+        """
+        weight = self.data_weight if weight is None else weight
+        if weight is None:
+            return update()
+        with tf.name_scope("when_data"):
+            self.no_data = tf.less_equal(weight, 0.0, name="no_data")
+            return tf.cond(weight > 0, lambda: tf.group(update()), tf.no_op)
 
     def clip_aggregate(self, grads_and_vars, colocate: bool = False):
         """The aggregate gradient clipped by its global norm when minimize() was asked to; else as given."""

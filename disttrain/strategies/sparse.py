@@ -36,6 +36,13 @@ def mean(grads: list[tf.IndexedSlices]) -> tf.IndexedSlices:
     return tf.IndexedSlices(values, indices, grads[0].dense_shape)
 
 
+def summed(grads: list[tf.IndexedSlices]) -> tf.IndexedSlices:
+    """The sum of sparse gradients of one variable: their rows side by side."""
+    values = tf.concat([g.values for g in grads], axis=0)
+    indices = tf.concat([tf.cast(g.indices, tf.int64) for g in grads], axis=0)
+    return tf.IndexedSlices(values, indices, grads[0].dense_shape)
+
+
 def shape_of(var) -> tf.Tensor:
     """A variable's full shape as a constant: the dense shape of its sparse gradients."""
     return tf.constant(var.shape.as_list(), tf.int64)

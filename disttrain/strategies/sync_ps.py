@@ -127,7 +127,11 @@ class SyncParameterServer(PsStrategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.aggregates:
-            return optimizer.apply_gradients(self.clip_aggregate(grads_and_vars), global_step=global_step)
+            return self.when_data(
+                lambda: optimizer.apply_gradients(
+                    self.clip_aggregate(grads_and_vars), global_step=global_step
+                )
+            )
         if self._step is None:
             raise RuntimeError(
                 "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
@@ -151,10 +155,13 @@ class SyncParameterServer(PsStrategy):
         """One accumulator per variable, on the variable's PS: (accumulator, var) pairs, and the adds."""
         accumulators, applies = [], []
         with tf.name_scope("sync_accumulate"):
+            # A replica whose data has ended (Join) sends nothing: its gradients are tagged with a
+            # step older than any, which every accumulator drops.
+            tag = self._step if self.data_weight is None else tf.where(self.data_weight > 0, self._step, -1)
             for grad, var in grads_and_vars:
                 with tf.device(var.device):
                     acc = _SparseMean(var) if sparse.is_sparse(grad) else _DenseMean(var, grad.dtype)
-                    applies.append(acc.apply(grad, self._step))
+                    applies.append(acc.apply(grad, tag))
                 accumulators.append((acc, var))
         return accumulators, applies
 
@@ -167,13 +174,18 @@ class SyncParameterServer(PsStrategy):
         """
         n = self.cluster.num_replicas
         with tf.device(global_step.device), tf.name_scope("sync_queues"):
-            done = v1.FIFOQueue(4 * n, [tf.int32, tf.int64], shapes=[[], []], shared_name=_DONE_QUEUE)
+            done = v1.FIFOQueue(
+                4 * n, [tf.int32, tf.int64, tf.int32], shapes=[[], [], []], shared_name=_DONE_QUEUE
+            )
             tokens = [
                 v1.FIFOQueue(4, [tf.int64], shapes=[[]], shared_name=f"{_TOKEN_QUEUE}_{r}", name=f"token_{r}")
                 for r in range(n)
             ]
+            # How many of its towers read real data: 0 once its data has ended (it then waits for
+            # each step without counting, until every replica's data has ended).
+            weight = tf.constant(1) if self.data_weight is None else tf.cast(self.data_weight, tf.int32)
             with tf.control_dependencies(applies):
-                report = done.enqueue((tf.constant(self._me, tf.int32), self._step))
+                report = done.enqueue((tf.constant(self._me, tf.int32), self._step, weight))
             with tf.control_dependencies([report]):
                 release = tokens[self._me].dequeue()
             own = tokens[self._me]
@@ -186,10 +198,16 @@ class SyncParameterServer(PsStrategy):
         Built on every task, so that all graphs hold the same variables (optimizer slots).
         """
         with tf.name_scope("sync_update"):
+            # Fed by the aggregator: the fresh reports it counted for this step (fewer than
+            # replicas_to_aggregate once some replicas' data has ended).
+            with tf.device(global_step.device):
+                needed = v1.placeholder_with_default(
+                    tf.constant(self.replicas_to_aggregate), [], name="replicas_counted"
+                )
             aggregated = []
             for acc, var in accumulators:
                 with tf.device(var.device):
-                    aggregated.append((acc.take(self.replicas_to_aggregate), var))
+                    aggregated.append((acc.take(needed), var))
             aggregated = self.clip_aggregate(aggregated, colocate=True)
             # At the root name scope, as every other strategy applies them: the optimizer's own
             # variables (Adam's beta1_power) are then named alike in every strategy's checkpoint,
@@ -207,11 +225,12 @@ class SyncParameterServer(PsStrategy):
                 report = done.dequeue()
                 # A report from replica -1 wakes the aggregator to stop; its tag says which one.
                 nonce = v1.placeholder(tf.int64, [], name="aggregator_nonce")
-                wake = done.enqueue((tf.constant(-1, tf.int32), nonce))
+                wake = done.enqueue((tf.constant(-1, tf.int32), nonce, tf.constant(0)))
         return _SyncOps(
             reset=reset,
             step=current,
             report=report,
+            needed=needed,
             nonce=nonce,
             wake=wake,
             release=release_ops,
@@ -253,7 +272,8 @@ class _SyncOps(NamedTuple):
 
     reset: tf.Operation  # every accumulator's step set to the current global step
     step: tf.Tensor  # the current global step
-    report: tf.Tensor  # the next (replica, step) report, dequeued
+    report: tf.Tensor  # the next (replica, step, towers with data) report, dequeued
+    needed: tf.Tensor  # placeholder: how many fresh gradients this step's update takes
     nonce: tf.Tensor  # placeholder: the tag of the aggregator a wake-up report is for
     wake: tf.Operation  # a wake-up report (replica -1) carrying the fed nonce
     release: list  # per replica: a token with no update (its report was stale)
@@ -358,12 +378,20 @@ class _Aggregator(v1.train.SessionRunHook):
     more step after the others have closed the last one and left (its stop
     check saw the step it had read). Counted, it would wait for ever for a
     second report.
+
+    Uneven inputs (Join): a report with no towers of real data comes from a
+    replica whose input has ended. It is not counted; it waits for the open
+    step to close and is released with it, and the steps close on the
+    replicas still reading (N-b less those whose input ended, at least one).
+    When every replica's input has ended, training is over: the token queues
+    are closed and every replica stops.
     """
 
     def __init__(self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
         self._threads: list[threading.Thread] = []
         self._closing = False  # set at the end of training: the token queues are being closed
+        self.ended: set[int] = set()  # replicas whose input has ended (Join)
         self.steps = self.stale = 0
         self.contributions = [0] * num_replicas  # steps each replica's gradients were part of
 
@@ -392,39 +420,66 @@ class _Aggregator(v1.train.SessionRunHook):
     def end(self, session):
         if preemption.requested():
             return  # the restarted chief's aggregator goes on with the same queues
+        self._close_queues(session)
+
+    def _close_queues(self, session) -> None:
+        """The end of training: every replica waiting at its token stops (its dequeue fails)."""
         self._closing = True
         try:
             session.run(self._ops.close, options=v1.RunOptions(timeout_in_ms=5000))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
 
+    def _ended_input(self, session, replica: int, step: int) -> bool:
+        """Note that `replica`'s data has ended; once every replica's has, end training (True)."""
+        if replica not in self.ended:
+            self.ended.add(replica)
+            log.info(
+                f"sync aggregator: replica {replica}'s input has ended at global step {step}; "
+                f"{self._n - len(self.ended)} of {self._n} replicas still read data"
+            )
+        if len(self.ended) < self._n:
+            return False
+        log.info(f"sync aggregator: every replica's input has ended at global step {step}: training is over")
+        self._close_queues(session)
+        return True
+
     def _run(self, session, coord, nonce: int):
         ops = self._ops
-        arrived: set[int] = set()
+        arrived: set[int] = set()  # counted for the open step
+        waiting: set[int] = set()  # data ended: released when the open step closes, not counted
         try:
             session.run(ops.reset)
             step = int(session.run(ops.step))
             while True:
-                replica, tag = (int(x) for x in session.run(ops.report))
+                replica, tag, weight = (int(x) for x in session.run(ops.report))
                 if replica < 0:
                     if tag == nonce:
                         break
                     continue  # the wake-up of an earlier aggregator
-                if tag != step:  # its gradients were dropped: let it start again from fresh values
+                if weight == 0:
+                    if self._ended_input(session, replica, step):
+                        return  # every replica's data has ended: the queues are closed
+                    waiting.add(replica)
+                elif tag != step:  # its gradients were dropped: let it start again from fresh values
                     self.stale += 1
                     session.run(ops.release[replica])
                     continue
-                if self._last_step is not None and tag >= self._last_step:
+                elif self._last_step is not None and tag >= self._last_step:
                     session.run(ops.release[replica])  # past the end: it stops on seeing the step
                     continue
-                arrived.add(replica)
-                if len(arrived) >= self._needed:
-                    session.run([ops.update_and_release[r] for r in sorted(arrived)])
+                else:
+                    self.ended.discard(replica)  # restarted from an earlier position: it reads again
+                    arrived.add(replica)
+                if arrived and len(arrived) >= max(1, self._needed - len(self.ended)):
+                    feed = {ops.needed: len(arrived)}
+                    session.run([ops.update_and_release[r] for r in sorted(arrived | waiting)], feed)
                     step += 1
                     self.steps += 1
                     for r in arrived:
                         self.contributions[r] += 1
                     arrived.clear()
+                    waiting.clear()
         except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
             if not (coord.should_stop() or self._closing):
                 coord.request_stop(e)

@@ -88,4 +88,4 @@ class TFDefault(Strategy):
             yield self
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
-        return optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        return self.when_data(lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step))

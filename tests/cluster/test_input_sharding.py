@@ -1,10 +1,14 @@
 """Every replica and tower reads its own examples, once, across restarts (real clusters).
 
-The data are 256 distinct ids in 8 TFRecord files. A loss function that
-takes the input context shards them (`ctx.shard`) and reads them through
-`ctx.get_next`, and records every id it reads in a file of its own; the
-dataset does not repeat, so its end ends training. 2 workers x 2 towers
-(virtual CPUs): 4 pipelines of 2 files each.
+The data are 256 distinct ids in TFRecord files. A loss function that takes
+the input context shards them (`ctx.shard`) and reads them through
+`ctx.get_next`, and records every id it trains on (`ctx.data_present()`) in
+a file of its own; the dataset does not repeat, so its end ends training.
+2 workers x 2 towers (virtual CPUs): 4 pipelines. Evenly: 8 files of 32,
+2 whole files a pipeline. Unevenly (Join): 5 files of 40, 64, 24, 56 and 72
+records (pipelines of 112, 64, 24 and 56: they end after 28, 16, 6 and 14
+steps of 4), or 2 files of 125 and 131 (fewer files than pipelines: every
+4th record, 64 a pipeline, in batches of 5: the last batch of each is 4).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -38,10 +43,11 @@ v1 = tf.compat.v1
 OUT = {out!r}
 
 
-def record(ids, replica, tower):
-    time.sleep(0.1)  # a step as slow as a real one: the restart test kills worker 1 mid-run
-    with open(os.path.join(OUT, f"ids_{{os.getpid()}}_{{replica}}_{{tower}}.txt"), "a") as f:
-        f.write("".join(f"{{i}}\\n" for i in ids))
+def record(ids, present, replica, tower):
+    time.sleep({pause})  # a step as slow as a real one: the restart test kills worker 1 mid-run
+    if present:  # not the stand-in batch of a pipeline whose data has ended
+        with open(os.path.join(OUT, f"ids_{{os.getpid()}}_{{replica}}_{{tower}}.txt"), "a") as f:
+            f.write("".join(f"{{i}}\\n" for i in ids))
     return np.int64(len(ids))
 
 
@@ -49,7 +55,7 @@ def loss_fn(ctx):
     records = ctx.shard({pattern!r})
     ids = ctx.get_next(records.map(lambda r: tf.io.parse_single_example(
         r, {{"id": tf.io.FixedLenFeature([], tf.int64)}})["id"]).batch(ctx.batch_size))
-    read = tf.numpy_function(record, [ids, ctx.replica_index, ctx.tower_index], tf.int64)
+    read = tf.numpy_function(record, [ids, ctx.data_present(), ctx.replica_index, ctx.tower_index], tf.int64)
     w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
     return tf.square(w - 1.0) + 0.0 * tf.cast(read, tf.float32)
 
@@ -59,7 +65,7 @@ disttrain.fit(
     lambda: v1.train.GradientDescentOptimizer({lr}),
     steps=100000,
     logdir={logdir!r},
-    strategy=lambda cluster: disttrain.{strategy}(cluster, num_towers=2),
+    strategy=lambda cluster: disttrain.{strategy}(cluster, num_towers=2{knobs}),
     batch_size={batch},
     log_every_steps=2,
     save_checkpoint_steps=2,
@@ -69,11 +75,23 @@ disttrain.fit(
 """
 
 
-def write_ids(directory) -> str:
+# Records per file: 8 files of 32 (each file holds every 8th id); or uneven, in ids 0..255 in order.
+EVEN = [32] * FILES
+UNEVEN_FILES = [40, 64, 24, 56, 72]
+FEWER_FILES = [125, 131]
+
+
+def write_ids(directory, sizes: list[int] = EVEN) -> str:
     directory.mkdir()
-    for f in range(FILES):
+    if sizes == EVEN:
+        files = [range(f, IDS, FILES) for f in range(FILES)]
+    else:
+        starts = np.cumsum([0, *sizes])
+        files = [range(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert sum(len(ids) for ids in files) == IDS
+    for f, ids in enumerate(files):
         with tf.io.TFRecordWriter(str(directory / f"ids-{f}.tfrecord")) as writer:
-            for i in range(f, IDS, FILES):
+            for i in ids:
                 example = tf.train.Example(
                     features=tf.train.Features(
                         feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
@@ -83,18 +101,22 @@ def write_ids(directory) -> str:
     return str(directory / "ids-*.tfrecord")
 
 
-def setup(tmp_path, strategy: str, lr: float = 0.01) -> tuple[str, dict]:
+def setup(
+    tmp_path, strategy: str, lr: float = 0.01, sizes=EVEN, batch=BATCH, knobs="", pause=0.1
+) -> tuple[str, dict]:
     out = tmp_path / "read"
     out.mkdir()
     path = tmp_path / "model.py"
     path.write_text(
         SCRIPT.format(
             out=str(out),
-            pattern=write_ids(tmp_path / "data"),
+            pattern=write_ids(tmp_path / "data", sizes),
             logdir=str(tmp_path / "logdir"),
             strategy=strategy,
-            batch=BATCH,
+            batch=batch,
             lr=lr,
+            knobs=knobs,
+            pause=pause,
         )
     )
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
@@ -126,6 +148,45 @@ def test_every_id_is_read_exactly_once_per_epoch(tmp_path, strategy):
     assert len(by_pipeline) == 4 and all(len(ids) == IDS // 4 for ids in by_pipeline.values())
     for ids in by_pipeline.values():
         assert len({i % FILES for i in ids}) == FILES // 4
+
+
+@pytest.mark.parametrize(
+    "strategy, sizes, batch, knobs",
+    [
+        ("AsyncParameterServer", UNEVEN_FILES, 4, ""),
+        ("SyncParameterServer", UNEVEN_FILES, 4, ""),
+        ("SyncAllReduce", UNEVEN_FILES, 4, ""),
+        ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True"),
+        ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1"),
+        ("SyncAllReduce", FEWER_FILES, 5, ""),
+    ],
+    ids=[
+        "async-files",
+        "sync-files",
+        "allreduce-files",
+        "async-overlap-records",
+        "sync-backup-records",
+        "allreduce-records",
+    ],
+)
+def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy, sizes, batch, knobs):
+    """Pipelines whose data ends first wait with zero weight (Join): nobody hangs, nothing is skipped."""
+    path, cluster = setup(tmp_path, strategy, sizes=sizes, batch=batch, knobs=knobs, pause=0.0)
+    codes = run_all(start_all(path, tmp_path, cluster), tmp_path, timeout=180)
+    assert set(codes.values()) == {0}, (codes, logs(tmp_path))
+    counts, by_pipeline = ids_read(tmp_path)
+    assert [i for i, n in counts.items() if n > 1] == [], "an id was trained on twice"
+    assert sorted(set(range(IDS)) - set(counts)) == [], "ids left unread"
+    if sizes == UNEVEN_FILES:  # pipeline k reads files k and k + 4
+        assert sorted(len(ids) for ids in by_pipeline.values()) == [24, 56, 64, 112]
+    else:
+        assert sorted(len(ids) for ids in by_pipeline.values()) == [64] * 4
+    text = logs(tmp_path)
+    assert "has ended" in text, text
+    said = "files do not divide evenly among 4 pipelines" if sizes == UNEVEN_FILES else "one record in 4"
+    assert said in text, text
+    if strategy == "SyncParameterServer" and "backup" not in knobs:  # every read batch was applied
+        assert "0 stale reports dropped" in text, text
 
 
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):

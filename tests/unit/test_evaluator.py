@@ -60,11 +60,13 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
         train(4, logdir)  # and one at step 4
         evaluator.join(timeout=120)
     assert not evaluator.is_alive()
-    assert [step for step, _ in scalars(os.path.join(logdir, "eval"), "eval/loss")] == [2, 4]
+    # The chief also saves at step 0 when its session starts: the evaluator may find that one first.
+    evaluated = [step for step, _ in scalars(os.path.join(logdir, "eval"), "eval/loss")]
+    assert evaluated in ([2, 4], [0, 2, 4]), evaluated
     assert calls == [(final.batch_size, 0, 1)]  # the whole eval input, not a replica's share
     # The same first eval_steps batches for each checkpoint (tf.data may read a few ahead).
     starts = [k for k, i in enumerate(consumed) if i == 0]
-    assert len(starts) == 2, consumed
+    assert len(starts) == len(evaluated), consumed
     assert all(consumed[k : k + 3] == [0, 1, 2] for k in starts), consumed
     assert "eval_input_fn is not set" not in caplog.text
 
