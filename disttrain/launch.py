@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from disttrain import evaluation, logs, metrics, placement, preemption, recovery, servers, trainer
+from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings
@@ -305,7 +306,16 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
     )
     log.info(f"{cluster.task_name} serving at {cluster.address}")
     linger, grace = settings.ps_linger_secs, settings.preempt_secs
+    replicas = [(f"/job:{job}/task:{i}", cluster.jobs[job][i]) for job, i in cluster.replica_jobs]
+    over = lambda: (recovery.checkpoint_step(v1.train.latest_checkpoint(logdir)) or -1) >= steps
+    # Ends this PS when no replica has been reachable for peer_wait_secs (after its first
+    # peer_wait_secs, while they start): nobody would ever report to it.
+    watchdog = watchdogs.Watchdog(
+        cluster.task_name, replicas, settings.peer_wait_secs, settings.wait_log_secs, over, all_needed=False
+    )
+    watchdog.start().enter("serving (no replica reachable)", settings.peer_wait_secs)
     reported = servers.serve_until_done(cluster, server.target, linger, grace)
+    watchdog.stop()
     if preemption.requested():
         chief = "the chief checkpointed first" if 0 in reported else "the chief did not report a checkpoint"
         raise PreemptedError(f"{cluster.task_name} preempted ({preemption.reason()}): {chief}; exiting")

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,10 +21,11 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from disttrain import input_context, metrics, preemption, recovery, servers, tf_internals
+from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
-from disttrain.errors import ConfigError, DivergedError, StalledError, TransientError
+from disttrain.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
 from disttrain.strategies.base import NON_FINITE, Strategy
 
 v1 = tf.compat.v1
@@ -214,55 +214,80 @@ class _StallGuard(v1.train.SessionRunHook):
             )
 
 
-class StepWatch(v1.train.SessionRunHook):
-    """Says so, every `say_every_secs`, while one step runs far longer than the steps before it.
+class _InputEnded(v1.train.SessionRunHook):
+    """Stops the replica after a step that had no data where its strategy's update needs some.
 
-    A step waits without a timeout on whatever it reads (a peer, its input,
-    a queue); TF raises an error when it finds a peer gone, but not when a
-    peer is alive and never answers. The first line comes once the step
-    has run `factor` times the longest of the last steps, and at least
-    `min_secs`; the first step of each session (start-up, graph
-    optimisation, recovery) is not judged.
+    That step changed nothing (`Strategy.when_data`): under async PS every
+    pipeline of this replica has ended; under all-reduce, every pipeline of
+    the group (all replicas stop after the same step). Sync PS ends it from
+    its aggregator instead.
     """
 
-    def __init__(self, task: str, say_every_secs: float, min_secs: float = 60.0, factor: float = 10.0):
-        self._task, self._every, self._min, self._factor = task, say_every_secs, min_secs, factor
-        self._recent: collections.deque[float] = collections.deque(maxlen=100)
-        self._started: float | None = None
-        self._steps, self.said = 0, 0
-        self._wake = threading.Event()
+    def __init__(self, task: str, strategy: Strategy, global_step: tf.Tensor):
+        self._task, self._global_step = task, global_step
+        self._fetch = {"no_data": strategy.no_data, "step": global_step}
+        self._whose = "the group's" if strategy.synchronous else "this replica's"
 
-    def begin(self):
-        threading.Thread(target=self._watch, name="step-watch", daemon=True).start()
+    def before_run(self, run_context):
+        return v1.train.SessionRunArgs(self._fetch)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results["no_data"]:
+            log.info(
+                f"{self._task}: every one of {self._whose} input pipelines has ended (at global step "
+                f"{run_values.results['step']}): training is over"
+            )
+            run_context.request_stop()
+
+
+class StepWatch(v1.train.SessionRunHook):
+    """Tells the watchdog what the loop waits in: a step, or what runs between steps.
+
+    A step waits without a timeout on whatever it reads (a peer, its input,
+    a queue). A step is judged once it has run `factor` times the longest of
+    the last steps, and at least `min_secs`; the first step of each session
+    (start-up, graph optimisation, recovery) only after `first_secs`, and
+    never as hung. Between steps (hooks' own runs, such as checkpoints, and a
+    loop of the user's own) only a lost peer ends the task.
+    """
+
+    def __init__(
+        self,
+        watchdog: watchdogs.Watchdog,
+        min_secs: float = 60.0,
+        factor: float = 10.0,
+        first_secs: float = 120.0,
+    ):
+        self._watchdog, self._min, self._factor, self._first = watchdog, min_secs, factor, first_secs
+        self._recent: collections.deque[float] = collections.deque(maxlen=100)
+        self._started = 0.0
+        self._steps = 0
 
     def after_create_session(self, session, coord):
         self._recent.clear()
 
     def before_run(self, run_context):
         self._started = time.monotonic()
+        what = f"step {self._steps + 1} of this task"
+        if self._recent:
+            longest = max(self._recent)
+            threshold = max(self._min, self._factor * longest)
+            self._watchdog.enter(
+                f"{what} (the longest of its last {len(self._recent)} took {longest:.1f} s)",
+                threshold,
+                may_hang=True,
+            )
+        else:
+            self._watchdog.enter(f"{what} (the first of its session)", self._first)
 
     def after_run(self, run_context, run_values):
         self._recent.append(time.monotonic() - self._started)
-        self._started, self._steps = None, self._steps + 1
+        self._steps += 1
+        longest = max(self._recent)
+        self._watchdog.enter(f"after step {self._steps}", max(self._min, self._factor * longest))
 
     def end(self, session):
-        self._wake.set()
-
-    def _watch(self) -> None:
-        last_said = 0.0
-        while not self._wake.wait(min(1.0, self._every)):
-            started, recent = self._started, list(self._recent)
-            if started is None or not recent:
-                continue
-            now = time.monotonic()
-            limit = max(self._min, self._factor * max(recent))
-            if now - started >= limit and now - last_said >= self._every:
-                last_said, self.said = now, self.said + 1
-                log.warning(
-                    f"{self._task}: step {self._steps + 1} of this task has run for {now - started:.0f} s "
-                    f"(the longest of its last {len(recent)} took {max(recent):.1f} s); it waits on a peer, "
-                    "its input or a queue: no error yet"
-                )
+        self._watchdog.leave()
 
 
 class _LostPeerLog(logging.Filter):
@@ -298,12 +323,14 @@ class _Reconnecting(v1.train.SessionCreator):
     peers and TF's error texts) and gives up after a bounded wait for it.
     """
 
-    def __init__(self, inner, on_reconnect, lost_peer_log: _LostPeerLog):
+    def __init__(self, inner, on_reconnect, lost_peer_log: _LostPeerLog, watchdog=None, wait_secs=120.0):
         self._inner, self._on_reconnect, self._created = inner, on_reconnect, 0
-        self._log = lost_peer_log
+        self._log, self._watchdog, self._wait = lost_peer_log, watchdog, wait_secs
 
     def create_session(self):
         texts = self._log.take()
+        if self._created and self._watchdog is not None:
+            self._watchdog.enter("recovering the session", 2 * self._wait)
         if self._created and self._on_reconnect is not None:
             self._on_reconnect(texts)
         self._created += 1
@@ -418,7 +445,8 @@ def monitored_session(
     # before the throughput hook reads the final global step.
     stop_at = _StopAtStep(last_step=steps)
     all_hooks = [*strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
-    all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step)
+    watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
+    all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step, watchdog)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)
     notices = []
@@ -444,12 +472,19 @@ def monitored_session(
         )
     # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
     creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, bool(notices))
+    watchdog.start().enter("creating the session", settings.peer_wait_secs)
     with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
-        creator = _Reconnecting(creator, on_reconnect, lost_peer_log)
+        creator = _Reconnecting(creator, on_reconnect, lost_peer_log, watchdog, settings.peer_wait_secs)
         with v1.train.MonitoredSession(
             session_creator=creator, hooks=all_hooks, stop_grace_period_secs=5
         ) as session:
-            yield session
+            try:
+                yield session
+            except BaseException:
+                watchdog.enter("closing the session after an error", min(60.0, settings.peer_wait_secs))
+                raise
+            _closing(watchdog, cluster, settings)
+    watchdog.stop()
     result = session.result = throughput.result
     write_result(logdir, job, index, result)
     log.info(
@@ -457,6 +492,19 @@ def monitored_session(
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
+
+
+def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettings) -> None:
+    """The watchdog's phase while the session closes after its loop ended without an error.
+
+    A replica's close (hooks' ends, the overlap drain) that does not return
+    ends it: with 0 when training ended, 150 when it was preempted. The
+    chief's is not judged as hung: it writes the final checkpoint, which may
+    take long for a large model; only a lost peer ends it.
+    """
+    code = EXIT_TRANSIENT if preemption.requested() else 0
+    threshold = min(60.0, settings.peer_wait_secs)
+    watchdog.enter("closing the session", threshold, may_hang=not cluster.is_chief, hung_code=code)
 
 
 def _throughput_hook(
@@ -521,7 +569,36 @@ def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.T
         ) from None
 
 
-def _watch_hooks(cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, global_step):
+def step_thresholds(settings: RunSettings) -> tuple[float, float, float]:
+    """StepWatch's (min_secs, factor, first_secs): when a step is judged, from peer_wait_secs."""
+    return min(60.0, settings.peer_wait_secs), 10.0, settings.peer_wait_secs
+
+
+def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str, steps: int):
+    """The watchdog of a replica: the peers it cannot go on without, and how it tells training is over.
+
+    Those its device filters name; under a synchronous PS strategy also the
+    chief, whose aggregator releases every step. A replica alone has none.
+    """
+    needed = servers.peers(cluster, strategy.device_filters()) if not cluster.is_local else []
+    if strategy.synchronous and strategy.uses_ps and not cluster.is_chief and not cluster.is_local:
+        chief = dict(servers.peers(cluster, []))
+        job, index = cluster.replica_jobs[0]
+        name = f"/job:{job}/task:{index}"
+        if name in chief and name not in dict(needed):
+            needed.append((name, chief[name]))
+
+    def over() -> bool:
+        return (recovery.checkpoint_step(v1.train.latest_checkpoint(logdir)) or -1) >= steps
+
+    return watchdogs.Watchdog(
+        cluster.task_name, needed, settings.peer_wait_secs, settings.wait_log_secs, over
+    )
+
+
+def _watch_hooks(
+    cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, global_step, watchdog
+):
     """The hooks that watch a replica: its input position, the stall guard, step traces (as set)."""
     task_dir = metrics.task_logdir(logdir, cluster.task_type, cluster.task_index)
     hooks = [
@@ -533,9 +610,11 @@ def _watch_hooks(cluster: Cluster, strategy: Strategy, logdir: str, settings: Ru
             settings.save_checkpoint_secs,
         )
     ]
+    if strategy.no_data is not None:
+        hooks.append(_InputEnded(cluster.task_name, strategy, global_step))
     if settings.stall_window:
         hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
-    hooks.append(StepWatch(cluster.task_name, settings.wait_log_secs))
+    hooks.append(StepWatch(watchdog, *step_thresholds(settings)))
     if settings.trace_steps:
         hooks.append(
             metrics.TraceHook(
