@@ -23,7 +23,9 @@ class RunSettings:
       keep_checkpoints: how many are kept.
     intra_op_threads / inter_op_threads: TF's thread pools (0: TF's default).
     peer_wait_secs: how long a task waits for an unreachable peer before it
-      exits with the transient code.
+      exits with the transient code (150; 0 when training is over); also
+      how long past its threshold a step may wait with every peer reachable
+      before the task's watchdog takes it for hung (docs/faults.md).
     ps_linger_secs: how long a PS waits for the other replicas once the
       chief has finished.
     check_numerics: a NaN or Inf loss or gradient fails the step before
@@ -45,8 +47,9 @@ class RunSettings:
       seconds: replicas stop at a step boundary, the chief checkpoints that
       step first; keep it below the orchestrator's grace period (Kubernetes:
       30 s).
-    wait_log_secs: a task waiting for a peer says whom, since when and until
-      when, every this many seconds.
+    wait_log_secs: a task waiting for a peer (or a step waiting far longer
+      than the ones before it) says whom, since when and until when, every
+      this many seconds.
     """
 
     log_every_steps: int = 100

@@ -237,12 +237,15 @@ class InputContext:
 _POSITION = re.compile(r"input-r(\d+)t(\d+)-(\d+)\.index$")
 
 
-def _latest(directory: str) -> tuple[str, tuple[int, int]] | None:
-    """The newest saved position in `directory` (by global step), and its (replicas, towers)."""
+def _latest(directory: str, at_most: int | None = None) -> tuple[str, tuple[int, int]] | None:
+    """The newest saved position in `directory` (by global step, at most `at_most`), and its
+    (replicas, towers)."""
     found = []
     for path in glob.glob(os.path.join(directory, "input-r*t*-*.index")):
         if m := _POSITION.search(path):
             replicas, towers, step = (int(g) for g in m.groups())
+            if at_most is not None and step > at_most:
+                continue
             found.append((step, os.path.getmtime(path), path[: -len(".index")], (replicas, towers)))
     if not found:
         return None
@@ -255,10 +258,13 @@ class InputPositionHook(v1.train.SessionRunHook):
 
     Saved every `save_steps` local steps or `save_secs` seconds (as the
     chief's checkpoints), and at the end, under `directory` as
-    `input-r<replicas>t<towers>-<global step>`; the last few are kept.
-    Restored after the session is created, when the saved positions are of
-    the same pipelines (same numbers of replicas and towers); otherwise this
-    replica reads its new share from the beginning and says so. Nothing is
+    `input-r<replicas>t<towers>-<global step>`; the last `keep` are kept.
+    Restored after the session is created (a restart, or a session
+    recovered after a lost PS): the newest position saved at or before the
+    global step the model is at, so that what a restored checkpoint never
+    saw is read again rather than skipped; when the saved positions are of
+    other pipelines (other numbers of replicas or towers) this replica reads
+    its new share from the beginning and says so. Nothing is
     saved or restored when no iterator was made by `InputContext.get_next`.
     """
 
@@ -291,9 +297,19 @@ class InputPositionHook(v1.train.SessionRunHook):
         self._timer.update_last_triggered_step(0)
         if self._saver is None:
             return
-        latest = _latest(self._directory)
+        # The newest position the model has trained past: after a PS was lost the chief restores an
+        # older checkpoint, and a newer position would skip what that checkpoint never saw.
+        variable = v1.train.get_global_step()  # read once: the step's own fetch may be a mirror
+        step = int(session.run(self._global_step if variable is None else variable))
+        latest = _latest(self._directory, at_most=step)
         if latest is None:
-            return
+            latest = _latest(self._directory)
+            if latest is None:
+                return
+            log.warning(
+                f"no input position saved at or before global step {step} is left (the oldest kept is "
+                f"{latest[0]}): what this replica read between them is not read again"
+            )
         path, shape = latest
         mine = (self._context.num_replicas, self._context.num_towers)
         if shape != mine:

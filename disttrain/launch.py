@@ -313,7 +313,7 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
     watchdog = watchdogs.Watchdog(
         cluster.task_name, replicas, settings.peer_wait_secs, settings.wait_log_secs, over, all_needed=False
     )
-    watchdog.start().enter("serving (no replica reachable)", settings.peer_wait_secs)
+    watchdog.start().enter("serving", settings.peer_wait_secs)
     reported = servers.serve_until_done(cluster, server.target, linger, grace)
     watchdog.stop()
     if preemption.requested():

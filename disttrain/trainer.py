@@ -246,9 +246,10 @@ class StepWatch(v1.train.SessionRunHook):
     A step waits without a timeout on whatever it reads (a peer, its input,
     a queue). A step is judged once it has run `factor` times the longest of
     the last steps, and at least `min_secs`; the first step of each session
-    (start-up, graph optimisation, recovery) only after `first_secs`, and
-    never as hung. Between steps (hooks' own runs, such as checkpoints, and a
-    loop of the user's own) only a lost peer ends the task.
+    (start-up, graph optimisation, a recovery: where the sync PS chaos soak
+    once hung for good, unseen) after `first_secs`. Between steps (hooks'
+    own runs, such as checkpoints, and a loop of the user's own) only a lost
+    peer ends the task.
     """
 
     def __init__(
@@ -278,7 +279,7 @@ class StepWatch(v1.train.SessionRunHook):
                 may_hang=True,
             )
         else:
-            self._watchdog.enter(f"{what} (the first of its session)", self._first)
+            self._watchdog.enter(f"{what} (the first of its session)", self._first, may_hang=True)
 
     def after_run(self, run_context, run_values):
         self._recent.append(time.monotonic() - self._started)
@@ -608,6 +609,8 @@ def _watch_hooks(
             global_step,
             settings.save_checkpoint_steps,
             settings.save_checkpoint_secs,
+            # One beside each kept checkpoint, so that a restore from any of them finds its position.
+            keep=settings.keep_checkpoints + 1,
         )
     ]
     if strategy.no_data is not None:

@@ -108,7 +108,9 @@ class Watchdog:
             if ran < phase.threshold_secs:
                 continue
             down = self._probe(now)
-            if down and (self._all_needed or len(down) == len(self._peers)):
+            if not self._all_needed and len(down) < len(self._peers):
+                down = []  # a PS goes on while any replica is there
+            if down:
                 longest = min(self._down_since[name] for name in down)
                 if now - longest >= self._wait:
                     gone = ", ".join(down)
@@ -126,7 +128,7 @@ class Watchdog:
                     phase.hung_code,
                 )
                 return
-            if now - said >= self._every:
+            if (down or phase.may_hang) and now - said >= self._every:
                 said = now
                 whom = f"{', '.join(down)} unreachable" if down else "every peer reachable"
                 log.warning(f"{self._task}: {phase.what} has run for {ran:.0f} s; {whom}")

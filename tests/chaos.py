@@ -2,8 +2,9 @@
 
 `soak(...)` starts a LocalCluster that restarts what dies (as TFJob's
 ExitCode policy does), signals a random live task (PS, worker or chief)
-every `every_secs` on average until `duration_secs` have passed or the run
-is near its end, waits for the end, and reads the chief's log back into a
+every `every_secs` on average, from the chief's first progress line until
+`duration_secs` have passed or the run is near its end, waits for the end,
+and reads the chief's log back into a
 `Report`: the faults, the restarts, the steps each fault lost (the global
 step before it against the step training resumed from), whether the global
 step went back other than at a restore, and every task's exit code.
@@ -11,11 +12,13 @@ step went back other than at a restore, and every task's exit code.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import random
 import re
 import signal
+import sys
 import time
 
 from disttrain.bench.measure import parse_line
@@ -104,6 +107,17 @@ def account(faults: list[Fault], events) -> list[tuple[int, int]]:
     return back
 
 
+class ScriptCluster(LocalCluster):
+    """A LocalCluster whose every task runs a user's script (its role from TF_CONFIG), not the zoo's."""
+
+    def __init__(self, script: str, logdir: str, **kwargs):
+        super().__init__([], logdir, **kwargs)
+        self.script = script
+
+    def argv(self, task) -> list[str]:
+        return [sys.executable, self.script]
+
+
 def soak(
     gin_files,
     logdir: str,
@@ -114,22 +128,34 @@ def soak(
     signals=(signal.SIGKILL, signal.SIGTERM),
     timeout_secs: float = 900.0,
     last_step: int | None = None,
+    script: str | None = None,
     **cluster_kwargs,
 ) -> Report:
+    """The soak of a zoo run (`gin_files`), or of a user's `script` run as every task."""
     rng = random.Random(seed)
-    cluster = LocalCluster(
-        gin_files, logdir, gin_params=list(gin_params), max_restarts=1000, **cluster_kwargs
-    )
+    if script is not None:
+        cluster = ScriptCluster(script, logdir, max_restarts=1000, **cluster_kwargs)
+    else:
+        cluster = LocalCluster(
+            gin_files, logdir, gin_params=list(gin_params), max_restarts=1000, **cluster_kwargs
+        )
     faults: list[Fault] = []
-    start = time.monotonic()
-    due = [start + rng.uniform(0.5, 1.5) * every_secs]
+    # The faults start with training (the chief's first progress line), not with the processes:
+    # on a loaded machine start-up alone can outlast a short soak.
+    start, due = [], []
+    chief = LogFollower(cluster.chief_task.log_path)
 
     followers = [LogFollower(t.log_path) for t in cluster.tasks if t.job != "ps"]
     ending = []
 
     def tick():
         now = time.monotonic()
-        if now < due[0] or now - start > duration_secs or ending:
+        if not start:
+            if not any(parse_line(line) for line in chief.new_lines()):
+                return
+            start.append(now)
+            due.append(now + rng.uniform(0.5, 1.5) * every_secs)
+        if now < due[0] or now - start[0] > duration_secs or ending:
             return
         # Training is ending once a replica has finished its last step (it may not have exited yet):
         # a PS or replica restarted now would wait for replicas that are done.
@@ -158,6 +184,43 @@ def soak(
     finally:
         cluster.stop()
     return _report(cluster, faults, logdir, codes)
+
+
+@dataclasses.dataclass
+class IdsRead:
+    """How often each id of a user-data soak was trained on: once, more (repeated), never (lost)."""
+
+    counts: collections.Counter
+    total: int
+
+    @property
+    def once(self) -> int:
+        return sum(1 for n in self.counts.values() if n == 1)
+
+    @property
+    def repeated(self) -> int:
+        """Extra reads: an id read 3 times counts 2."""
+        return sum(n - 1 for n in self.counts.values() if n > 1)
+
+    @property
+    def lost(self) -> list[int]:
+        return sorted(set(range(self.total)) - set(self.counts))
+
+    def __str__(self) -> str:
+        more = sum(1 for n in self.counts.values() if n > 1)
+        return (
+            f"ids: {self.total}, read once {self.once}, repeated reads {self.repeated} "
+            f"(ids read more than once: {more}), lost {len(self.lost)}"
+        )
+
+
+def ids_read(directory: str, total: int) -> IdsRead:
+    """The ids the script recorded (one per line, in any number of files in `directory`)."""
+    counts: collections.Counter = collections.Counter()
+    for name in os.listdir(directory):
+        with open(os.path.join(directory, name)) as f:
+            counts.update(int(x) for x in f.read().split())
+    return IdsRead(counts, total)
 
 
 def _report(cluster: LocalCluster, faults: list[Fault], logdir: str, codes: dict) -> Report:

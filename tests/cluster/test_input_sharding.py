@@ -57,7 +57,8 @@ def loss_fn(ctx):
         r, {{"id": tf.io.FixedLenFeature([], tf.int64)}})["id"]).batch(ctx.batch_size))
     read = tf.numpy_function(record, [ids, ctx.data_present(), ctx.replica_index, ctx.tower_index], tf.int64)
     w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
-    return tf.square(w - 1.0) + 0.0 * tf.cast(read, tf.float32)
+    # The gradient is the batch's mean id / IDS: the final w tells which batches each step applied.
+    return w * tf.reduce_mean(tf.cast(ids, tf.float32)) / {ids} + 0.0 * tf.cast(read, tf.float32)
 
 
 disttrain.fit(
@@ -117,6 +118,7 @@ def setup(
             lr=lr,
             knobs=knobs,
             pause=pause,
+            ids=IDS,
         )
     )
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
@@ -148,6 +150,36 @@ def test_every_id_is_read_exactly_once_per_epoch(tmp_path, strategy):
     assert len(by_pipeline) == 4 and all(len(ids) == IDS // 4 for ids in by_pipeline.values())
     for ids in by_pipeline.values():
         assert len({i % FILES for i in ids}) == FILES // 4
+
+
+def pipelines(sizes: list[int], batch: int) -> list[list[np.ndarray]]:
+    """Each of the 4 pipelines' batches of ids, as ctx.shard and batch() make them."""
+    starts = np.cumsum([0, *sizes])
+    files = [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    if len(files) >= 4:  # whole files: pipeline k reads files k, k + 4, ...
+        shares = [np.concatenate(files[k::4]) for k in range(4)]
+    else:  # every 4th record of all files
+        shares = [np.concatenate(files)[k::4] for k in range(4)]
+    return [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
+
+
+def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
+    """w after training, by the Join rules: each step, the pipelines that still have a batch.
+
+    All-reduce: the mean over those pipelines; sync PS: the mean over the replicas that still have
+    data of each one's mean over its towers that do (replica r feeds pipelines 2r and 2r + 1).
+    """
+    batches = pipelines(sizes, batch)
+    w = 0.0
+    for step in range(max(len(b) for b in batches)):
+        grads = [b[step].mean() / IDS if step < len(b) else None for b in batches]
+        if strategy == "SyncAllReduce":
+            g = np.mean([x for x in grads if x is not None])
+        else:
+            replicas = [[x for x in grads[2 * r : 2 * r + 2] if x is not None] for r in range(2)]
+            g = np.mean([np.mean(t) for t in replicas if t])
+        w -= lr * g
+    return w
 
 
 @pytest.mark.parametrize(
@@ -187,6 +219,9 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy
     assert said in text, text
     if strategy == "SyncParameterServer" and "backup" not in knobs:  # every read batch was applied
         assert "0 stale reports dropped" in text, text
+    if strategy != "AsyncParameterServer" and "backup" not in knobs:  # steps are deterministic
+        w = tf.train.load_checkpoint(str(tmp_path / "logdir")).get_tensor("w")
+        assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy), rel=1e-4), w
 
 
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):

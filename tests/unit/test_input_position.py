@@ -8,10 +8,20 @@ from disttrain.input_context import InputContext, InputPositionHook
 v1 = tf.compat.v1
 
 
-def _train(directory, steps: int, save_steps: int) -> list[int]:
-    """`steps` steps reading 0, 1, 2, ... through the context's saved iterator; the values read."""
+def _train(directory, steps: int, save_steps: int, from_step: int = 0) -> list[int]:
+    """`steps` steps reading 0, 1, 2, ... through the context's saved iterator; the values read.
+
+    `from_step`: the global step the session starts at (a checkpoint the chief restored).
+    """
     with tf.Graph().as_default():
-        step = v1.train.get_or_create_global_step()
+        step = v1.get_variable(
+            "global_step",
+            [],
+            tf.int64,
+            v1.constant_initializer(from_step),
+            trainable=False,
+            collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.GLOBAL_STEP],
+        )
         context = InputContext()
         value = context.get_next(tf.data.Dataset.range(1000))
         train = step.assign_add(1)
@@ -39,3 +49,9 @@ def test_no_position_is_saved_after_the_first_step_only_each_interval_and_at_the
     assert _saved(every) == ["input-r1t1-3.index", "input-r1t1-6.index", "input-r1t1-7.index"]
     # A restart goes on from the last saved position.
     assert _train(every, 2, save_steps=3) == [7, 8]
+
+
+def test_a_session_restored_to_an_older_checkpoint_reads_again_from_the_position_saved_with_it(tmp_path):
+    """After a lost PS the chief restores an older checkpoint: newer positions would skip examples."""
+    assert _train(tmp_path, 7, save_steps=3) == list(range(7))  # positions at 3, 6 and 7
+    assert _train(tmp_path, 2, save_steps=3, from_step=5) == [3, 4]  # the model is at step 5

@@ -427,7 +427,7 @@ def test_all_reduce_steps_carry_a_preemption_vote_and_a_flag_stops_every_replica
     strategy = SyncAllReduce(chief_cluster("worker", 0))
     graph, _ = build(strategy)
     (vote,) = [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" in op.name]
-    assert vote.inputs[0].shape.num_elements() == 1
+    assert vote.inputs[0].shape.num_elements() == 2  # the preemption flag and the towers with data
     assert strategy.votes_on_preemption
     assert "_PreemptionVote" in [type(h).__name__ for h in strategy.hooks()]
     alone = SyncAllReduce(Cluster.local())
