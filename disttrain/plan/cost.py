@@ -588,9 +588,10 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     _, _, roles = _hosts(shape)
     compute = model.step_time
     # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.
+    # On one host the ring never leaves it: the bus alone.
     bus = shape.host_bus
     flat_ring = not strategy.uses_ps and not shape.towers and bus is not None and shape.gpus_per_host > 1
-    ring_rate = min(rate, bus.busbw) if flat_ring else rate
+    ring_rate = (bus.busbw if shape.hosts == 1 else min(rate, bus.busbw)) if flat_ring else rate
     link_time = [b / ring_rate for b in t.link]
     busiest = max(range(len(t.link)), key=lambda h: t.link[h])
     terms = {"compute": compute, "busiest link": link_time[busiest]}
