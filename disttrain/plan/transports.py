@@ -4,9 +4,10 @@ A transport's middle values (`cost.Transport`) are the ones every middle
 prediction uses; its spread (`Spread`) lists the value each constant took in
 each published or measured environment, with its source, so that a
 prediction can say how far it moves between the least and the most
-favourable of them (`plan.interval`). Nothing here was chosen from a
-training run: these are micro-benchmarks (nccl-tests, iperf-like probes),
-vendor figures and the measurements of this project's own emulated hosts.
+favourable of them (`plan.interval`). The points are micro-benchmarks
+(nccl-tests, iperf-like probes), vendor figures, the measurements of this
+project's own emulated hosts, and, marked `fitted`, the value each
+calibration source's rows imply (`plan.calibrate`); no held-out run.
 """
 
 from __future__ import annotations
@@ -24,10 +25,27 @@ PESSIMISTIC, OPTIMISTIC = "pessimistic", "optimistic"
 
 @dataclasses.dataclass(frozen=True)
 class Point:
-    """One constant's value in one environment, and where it was published or measured."""
+    """One constant's value in one environment, and where it was published or measured.
+
+    fitted: implied by a calibration source's rows (`plan.calibrate`), not
+    measured by a micro-benchmark.
+    """
 
     value: float
     source: str
+    fitted: bool = False
+
+
+def _fitted(value: float, source: str) -> Point:
+    return Point(
+        value, f"calibration set, {source}: its rows' median error is zero here (plan.calibrate)", True
+    )
+
+
+# The calibration sources, as `plan.calibrate` names the environments it fits.
+SEED_RUNS = "the seed's 128-K80 runs (tensorflow/tensorflow#5683)"
+TF_CNN_RUNS = "tensorflow.org's EC2 K80 runs (tf_cnn_benchmarks)"
+HOROVOD_16_RUNS = "Horovod's 16-GPU table (README at d54e3a88)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +101,13 @@ GRPC_SPREAD = Spread(
                 "nominal rate (bin/link_probe.py on emulated hosts; BUILD_NOTES.md)",
             ),
             Point(0.957, "measured here: plain TCP, 0.950-0.957 of the nominal rate (bin/link_probe.py)"),
+            _fitted(0.164, HOROVOD_16_RUNS + ", TF 1.3's gRPC"),
         ),
+        PER_MESSAGE: (_fitted(3.92e-4, HOROVOD_16_RUNS),),
         CPU_PER_BYTE: (
+            _fitted(1.28e-9, SEED_RUNS),
+            _fitted(0.05e-9, TF_CNN_RUNS + " (the search's floor: at most this)"),
+            _fitted(1.65e-9, HOROVOD_16_RUNS),
             Point(
                 2.2e-3 / 1e6,
                 "measured here: CIFAR-10's small tensors, 0.56 CPU-s per round where 1.4 "
@@ -121,6 +144,7 @@ NCCL_TCP_SPREAD = Spread(
                 "github.com/NVIDIA/nccl-tests/issues/83 (rahul-bothra, 2021-05-11), Azure, "
                 "25 Gbps, 2 nodes x 4 GPUs: 'it maxed out at 1.7GBps'",
             ),
+            _fitted(0.570, HOROVOD_16_RUNS),
         ),
         PER_MESSAGE: (
             Point(
@@ -128,6 +152,7 @@ NCCL_TCP_SPREAD = Spread(
                 "github.com/NVIDIA/nccl-tests/issues/82 (rahul-bothra, 2021-05-11), Azure TCP, 2 "
                 "ranks: broadcast_perf of 8 bytes (one hop) '45.82' us",
             ),
+            _fitted(1.05e-4, HOROVOD_16_RUNS),
         ),
     },
 )
@@ -150,7 +175,9 @@ NCCL_RDMA_SPREAD = Spread(
                 "github.com/NVIDIA/nccl-tests/issues/112 (sandyhouse, 2022-07-06), RoCEv2: 'nccl "
                 "test only gets ~65% of the link bandwidth' (PCIe ACS left enabled)",
             ),
+            _fitted(0.883, HOROVOD_16_RUNS),
         ),
+        PER_MESSAGE: (_fitted(1.05e-4, HOROVOD_16_RUNS),),
     },
 )
 
