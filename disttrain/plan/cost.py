@@ -103,7 +103,7 @@ class Transport:
     cpu_s_per_byte: CPU at each end of a byte (0: the transfer takes no core
       the model counts, as NCCL's kernels and proxy threads).
     The default (`Strategy.transport=None`) is gRPC on CPU as `Constants`
-    hold it; `published.TRANSPORTS` holds the others, each with its source.
+    hold it; `transports.TRANSPORTS` holds the others, each with its source.
     """
 
     name: str
@@ -117,7 +117,7 @@ class HostBus:
     """What joins a host's GPUs: an all-reduce of S bytes among its k GPUs takes 2 S (k-1)/k / busbw.
 
     busbw is bytes per second in nccl-tests' sense (the bus bandwidth of an
-    all-reduce); `published.HOST_BUSES` holds PCIe and NVLink, with sources.
+    all-reduce); `transports.HOST_BUSES` holds PCIe and NVLink, with sources.
     """
 
     name: str

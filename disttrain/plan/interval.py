@@ -19,6 +19,8 @@ from collections.abc import Mapping
 
 from disttrain.plan import cost, transports
 
+NEGLIGIBLE = 1e-3  # a constant that moves the efficiency less than this drives nothing
+
 _LABELS = {
     transports.LINK_SHARE: "link share",
     transports.PER_MESSAGE: "cost per message or hop",
@@ -46,7 +48,7 @@ class Interval:
     """Three predictions of one layout, and the constant that drives the distance between them.
 
     driver: "" when nothing spreads (the transport has no spread, or no
-    constant of it moves this layout).
+    constant of it moves this layout's efficiency by `NEGLIGIBLE` or more).
     """
 
     low: cost.Prediction
@@ -113,7 +115,7 @@ def predict(
             one_best = run(spread.at(transports.OPTIMISTIC, (field,)))
             one_worst = run(spread.at(transports.PESSIMISTIC, (field,)))
             widths[field] = one_best.efficiency - one_worst.efficiency
-    moving = {f: w for f, w in widths.items() if w > 1e-9}
+    moving = {f: w for f, w in widths.items() if w >= NEGLIGIBLE}
     driver = describe(spread, max(moving, key=moving.get)) if moving else ""
     low = min(worst, middle, key=lambda p: p.efficiency)
     high = max(best, middle, key=lambda p: p.efficiency)

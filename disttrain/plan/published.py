@@ -502,10 +502,10 @@ def _pct(count: int, rows: int) -> str:
     return f"{100 * count / rows:.0f}%" if rows else "-"
 
 
-def seed_answer(result: Result) -> tuple[cost.Prediction, cost.Prediction, list[str]]:
+def seed_answer(result: Result) -> tuple[cost.Prediction, interval.Interval, list[str]]:
     """The seed's cluster with disttrain: its placement alone, then the best changes one after another.
 
-    Returns (the same layout with disttrain's placement, the recommended layout, the changes).
+    Returns (the same layout with disttrain's placement, the recommended layout's interval, the changes).
     """
     strategy = dataclasses.replace(result.prediction.strategy, placement=cost.DISTTRAIN)
     same = cost.predict(result.model, result.prediction.shape, strategy)
@@ -527,8 +527,9 @@ def answers_table(results: list[Result]) -> str:
         lines.append(
             f"  {r.case.model:13s} TF default {r.prediction.efficiency:.3f}; disttrain's placement alone "
             f"{same.efficiency:.3f}; + towers (sync PS, {shape.ps} PS) {towers.efficiency:.3f}; "
-            f"recommended {best.efficiency:.3f} ({best.examples_per_sec:.0f} img/s): "
+            f"recommended {best.middle.efficiency:.3f} ({best.middle.examples_per_sec:.0f} img/s; "
+            f"{best.low.efficiency:.3f}-{best.high.efficiency:.3f}): "
             + "; ".join(steps)
-            + f" -> {best.strategy.describe()}, bottleneck {best.bottleneck}"
+            + f" -> {best.middle.strategy.describe()}, bottleneck {best.middle.bottleneck}"
         )
     return "\n".join(lines)
