@@ -185,7 +185,7 @@ class Shape:
         )
         ps = "no PS" if not self.ps else f"{self.ps} PS {self.ps_hosts}"
         link = "unlimited links" if self.link_gbit is None else f"{self.link_gbit:g} Gbit/s links"
-        lat = f", {self.latency_ms:g} ms latency" if self.latency_ms else ""
+        lat = f", {self.latency_ms:.3g} ms latency" if self.latency_ms else ""
         bus = f", GPUs joined by {self.host_bus.name}" if self.host_bus and self.gpus_per_host > 1 else ""
         return f"{self.hosts} host(s), {per}, {ps}, {link}{lat}{bus}"
 

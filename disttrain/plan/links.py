@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from disttrain.errors import ConfigError
 from disttrain.plan import cost, transports
 
-FORMAT, VERSION = "disttrain-link-file", 1
+FORMAT, VERSION = "disttrain.plan.links", 1  # the module that reads it
 _FIELDS = ("tcp_share", "latency_ms", "grpc_share", "grpc_cpu_s_per_byte", "grpc_per_message_s")
 
 

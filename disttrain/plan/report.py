@@ -47,7 +47,7 @@ def table(
         f"({iv.low.examples_per_sec:.1f}-{iv.high.examples_per_sec:.1f}; "
         f"{p.replica_steps_per_sec:.2f} batches/s)",
         f"  scaling efficiency vs N x one GPU    {_range(iv)}",
-        f"  width of the range from              {iv.driver or 'nothing (no constant of it spreads)'}",
+        f"  width of the range from              {iv.driver or 'nothing (no constant moves it by 0.001)'}",
         f"  bottleneck                           {p.bottleneck}"
         + (f" (low end: {iv.low.bottleneck})" if iv.low.bottleneck != p.bottleneck else ""),
         "  time terms per round (s)             "

@@ -181,7 +181,7 @@ def test_a_link_file_round_trips_and_replaces_the_published_constants(tmp_path):
     [
         (None, "no such file"),
         ("not json", "not a readable JSON link file"),
-        ('{"format": "something else"}', "not a disttrain-link-file version 1"),
+        ('{"format": "something else"}', "not a disttrain.plan.links version 1"),
         ({"link_gbit": 0}, "link_gbit must be a rate > 0"),
         ({"tcp_share": {"low": 0.5, "median": 0.4, "high": 0.6}}, "low <= median <= high"),
         ({"grpc_share": {"low": 5, "median": 9, "high": 10}}, "is no share of a 0.1 Gbit/s link"),
