@@ -3,12 +3,17 @@
     model = plan.models.model_from_config(config, step_time=0.5)       # variables from the gin graph
     shape = plan.Shape(hosts=8, gpus_per_host=8, ps=8, link_gbit=10)
     p = plan.predict(model, shape, plan.Strategy("sync_ps"))
-    plan.advice.changes(model, shape, plan.Strategy("sync_ps"))        # ranked by predicted gain
+    plan.interval.predict(model, shape, plan.Strategy("sync_ps"))      # low, middle and high
+    plan.advice.changes(model, shape, plan.Strategy("sync_ps"))        # ranked by the low end
 
 `cost` is the model (pure arithmetic, bytes per link from disttrain.traffic);
-`models` reads a gin experiment's model (TensorFlow, scratch graph);
-`advice` ranks changes; `measured` sets predictions against benchmark
-reports; `published` against published runs; `report` prints and writes JSON.
+`transports` holds the transports and host buses with the spread of their
+constants over the environments found; `interval` predicts at both ends of
+it; `links` reads a link file of one's own measured links; `models` reads a
+gin experiment's model (TensorFlow, scratch graph); `advice` ranks changes;
+`measured` sets predictions against benchmark reports; `published` against
+published runs (`cloud_tcp` holds the second held-out set, `calibrate` fits
+the calibration sources' points); `report` prints and writes JSON.
 """
 
 from disttrain.plan.cost import Constants, Model, PlanError, Prediction, Shape, Strategy, predict

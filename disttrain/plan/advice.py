@@ -1,7 +1,11 @@
 """What to change: every one-step variation of a cluster and strategy, predicted and ranked.
 
-Each change is predicted by the same cost model (`cost.predict`) and ranked
-by its examples/sec over the current layout's. A change that needs more
+Each change is predicted by the same cost model as an interval
+(`interval.predict`: its transport's least, middle and most favourable
+environment) and ranked by the low end of its examples/sec: where two
+ranges overlap, the one that is better in the worse environment comes
+first (and a range wholly above another has the higher low end anyway).
+With no spread, the low end is the middle. A change that needs more
 hosts (dedicated PS) says so; a bigger batch assumes a step's compute grows
 linearly with the batch, and changes the optimisation (a larger global batch
 needs its learning rate scaled), which the planner cannot judge.
@@ -10,19 +14,25 @@ needs its learning rate scaled), which the planner cannot judge.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from disttrain.plan import cost
+from disttrain.plan import cost, interval, transports
 
 BATCH_CHANGE = "twice the batch per GPU"
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """One variation: what it is, and its prediction."""
+    """One variation: what it is, and its prediction (the interval's middle)."""
 
     what: str
-    prediction: cost.Prediction
-    gain: float  # examples/sec over the current layout's
+    interval: interval.Interval
+    gain: float  # middle examples/sec over the current layout's middle
+    low_gain: float  # low end over the current layout's low end: what the ranking sorts by
+
+    @property
+    def prediction(self) -> cost.Prediction:
+        return self.interval.middle
 
 
 def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
@@ -94,18 +104,26 @@ def changes(
     shape: cost.Shape,
     strategy: cost.Strategy,
     constants: cost.Constants = cost.DEFAULTS,
-    current: cost.Prediction | None = None,
+    current: interval.Interval | None = None,
+    spreads: Mapping[str, transports.Spread] = transports.SPREADS,
 ) -> list[Change]:
-    """Every variation's prediction, best gain first (including those that lose)."""
-    current = current or cost.predict(model, shape, strategy, constants)
+    """Every variation's interval, best low end first (including those that lose)."""
+    current = current or interval.predict(model, shape, strategy, spreads, constants)
     found = []
     for what, m, s, k in _variations(model, shape, strategy):
         try:
-            p = cost.predict(m, s, k, constants)
+            iv = interval.predict(m, s, k, spreads, constants)
         except cost.PlanError:
             continue  # not a valid layout for this cluster (e.g. backup workers > workers)
-        found.append(Change(what, p, p.examples_per_sec / current.examples_per_sec))
-    return sorted(found, key=lambda c: -c.gain)
+        found.append(
+            Change(
+                what,
+                iv,
+                iv.middle.examples_per_sec / current.middle.examples_per_sec,
+                iv.low.examples_per_sec / current.low.examples_per_sec,
+            )
+        )
+    return sorted(found, key=lambda c: -c.low_gain)
 
 
 def best_layout(
@@ -116,27 +134,28 @@ def best_layout(
     rounds: int = 4,
     min_gain: float = 1.02,
     keep_sync: bool = True,
-) -> tuple[cost.Prediction, list[str]]:
-    """Apply the best change again and again (at most `rounds`, each gaining `min_gain` or more).
+    spreads: Mapping[str, transports.Spread] = transports.SPREADS,
+) -> tuple[interval.Interval, list[str]]:
+    """Apply the best change by its low end again and again (at most `rounds`, each gaining `min_gain`).
 
     The batch is left alone (a larger global batch is an optimisation choice,
     not a layout), and with `keep_sync` a synchronous run stays synchronous
-    (async PS trains differently). Returns the final prediction and the
+    (async PS trains differently). Returns the final interval and the
     changes, in order.
     """
     synchronous = strategy.synchronous
-    current = cost.predict(model, shape, strategy, constants)
+    current = interval.predict(model, shape, strategy, spreads, constants)
     steps: list[str] = []
     for _ in range(rounds):
         options = [
             c
-            for c in changes(model, shape, strategy, constants, current)
+            for c in changes(model, shape, strategy, constants, current, spreads)
             if not c.what.startswith(BATCH_CHANGE)
             and not (keep_sync and synchronous and c.prediction.strategy.kind == cost.ASYNC_PS)
         ]
-        if not options or options[0].gain < min_gain:
+        if not options or options[0].low_gain < min_gain:
             break
         best = options[0]
         steps.append(best.what)
-        current, shape, strategy = best.prediction, best.prediction.shape, best.prediction.strategy
+        current, shape, strategy = best.interval, best.prediction.shape, best.prediction.strategy
     return current, steps

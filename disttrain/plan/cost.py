@@ -103,7 +103,7 @@ class Transport:
     cpu_s_per_byte: CPU at each end of a byte (0: the transfer takes no core
       the model counts, as NCCL's kernels and proxy threads).
     The default (`Strategy.transport=None`) is gRPC on CPU as `Constants`
-    hold it; `published.TRANSPORTS` holds the others, each with its source.
+    hold it; `transports.TRANSPORTS` holds the others, each with its source.
     """
 
     name: str
@@ -117,7 +117,7 @@ class HostBus:
     """What joins a host's GPUs: an all-reduce of S bytes among its k GPUs takes 2 S (k-1)/k / busbw.
 
     busbw is bytes per second in nccl-tests' sense (the bus bandwidth of an
-    all-reduce); `published.HOST_BUSES` holds PCIe and NVLink, with sources.
+    all-reduce); `transports.HOST_BUSES` holds PCIe and NVLink, with sources.
     """
 
     name: str
@@ -185,7 +185,7 @@ class Shape:
         )
         ps = "no PS" if not self.ps else f"{self.ps} PS {self.ps_hosts}"
         link = "unlimited links" if self.link_gbit is None else f"{self.link_gbit:g} Gbit/s links"
-        lat = f", {self.latency_ms:g} ms latency" if self.latency_ms else ""
+        lat = f", {self.latency_ms:.3g} ms latency" if self.latency_ms else ""
         bus = f", GPUs joined by {self.host_bus.name}" if self.host_bus and self.gpus_per_host > 1 else ""
         return f"{self.hosts} host(s), {per}, {ps}, {link}{lat}{bus}"
 
@@ -588,9 +588,10 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     _, _, roles = _hosts(shape)
     compute = model.step_time
     # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.
+    # On one host the ring never leaves it: the bus alone.
     bus = shape.host_bus
     flat_ring = not strategy.uses_ps and not shape.towers and bus is not None and shape.gpus_per_host > 1
-    ring_rate = min(rate, bus.busbw) if flat_ring else rate
+    ring_rate = (bus.busbw if shape.hosts == 1 else min(rate, bus.busbw)) if flat_ring else rate
     link_time = [b / ring_rate for b in t.link]
     busiest = max(range(len(t.link)), key=lambda h: t.link[h])
     terms = {"compute": compute, "busiest link": link_time[busiest]}

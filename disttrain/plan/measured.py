@@ -11,8 +11,9 @@ them). The prediction is then set against the run's measured throughput
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from disttrain.plan import cost
+from disttrain.plan import cost, interval, transports
 
 MIN_CORES = 0.25  # what is left of the machine is never taken as less than this
 
@@ -25,6 +26,15 @@ class Check:
     measured: float  # counted replica steps per second
     predicted: float
     prediction: cost.Prediction
+    interval: interval.Interval | None = None
+
+    @property
+    def predicted_range(self) -> tuple[float, float]:
+        """(low, high) replica steps per second; the middle at both ends without an interval."""
+        iv = self.interval
+        if iv is None:
+            return self.predicted, self.predicted
+        return iv.low.replica_steps_per_sec, iv.high.replica_steps_per_sec
 
     @property
     def error(self) -> float:
@@ -54,8 +64,12 @@ def check_run(
     model: cost.Model,
     strategy: cost.Strategy,
     constants: cost.Constants = cost.DEFAULTS,
+    spreads: Mapping[str, transports.Spread] | None = None,
 ) -> Check:
-    """Predict `run` of `report` with `model` (its step time is replaced by the report's reference)."""
+    """Predict `run` of `report` with `model` (its step time is replaced by the report's reference).
+
+    With `spreads`, the run is predicted as an interval too (its middle is the same prediction).
+    """
     reference = (report.get("reference") or {}).get("steps_per_sec")
     if not reference:
         raise cost.PlanError("the report has no reference run (one process alone): re-run with --reference")
@@ -75,7 +89,9 @@ def check_run(
         strategy = dataclasses.replace(strategy, overlap=False, piece_bytes=None)
     elif run["strategy"] != cost.ASYNC_PS:
         strategy = dataclasses.replace(strategy, overlap=False)
-    p = cost.predict(model, shape_of(report, run), strategy, constants)
+    shape = shape_of(report, run)
+    iv = interval.predict(model, shape, strategy, spreads, constants) if spreads is not None else None
+    p = iv.middle if iv is not None else cost.predict(model, shape, strategy, constants)
     label = (
         f"{report['config']['model']} b{report['config']['batch_size']}, {run['system']} {run['strategy']}"
         + (" overlap" if strategy.overlap else "")
@@ -83,15 +99,20 @@ def check_run(
         + (f", {run['ps']} PS {run['layout']}" if run["ps"] else "")
         + f", {run.get('link_mbit') or report['config'].get('link_mbit'):g} Mbit/s"
     )
-    return Check(label, run["counted_steps_per_sec"], p.replica_steps_per_sec, p)
+    return Check(label, run["counted_steps_per_sec"], p.replica_steps_per_sec, p, iv)
 
 
 def table(checks: list[Check]) -> str:
-    """Measured beside predicted, one run a line."""
-    lines = [f"{'run':84s} {'measured':>9s} {'predicted':>9s} {'error':>6s}  bottleneck (predicted)"]
+    """Measured beside predicted (and its range, when predicted as one), one run a line."""
+    lines = [
+        f"{'run':84s} {'measured':>9s} {'predicted':>9s} {'error':>6s} {'range':>15s}  bottleneck (predicted)"
+    ]
     for c in checks:
         error = f"{100 * c.error:+5.0f}%"
-        lines.append(f"{c.label:84s} {c.measured:9.3f} {c.predicted:9.3f} {error}  {c.prediction.bottleneck}")
+        low, high = c.predicted_range
+        span = f"{low:.3f}-{high:.3f}" if c.interval is not None else "-"
+        values = f"{c.measured:9.3f} {c.predicted:9.3f} {error} {span:>15s}"
+        lines.append(f"{c.label:84s} {values}  {c.prediction.bottleneck}")
     lines.append("steps/s = replica steps (batches) per second, counted as the benchmark counts them")
     return "\n".join(lines)
 
@@ -101,6 +122,8 @@ def as_json(c: Check) -> dict:
         "run": c.label,
         "measured_steps_per_sec": c.measured,
         "predicted_steps_per_sec": c.predicted,
+        "predicted_range_steps_per_sec": list(c.predicted_range),
         "error": c.error,
         "prediction": c.prediction.as_dict(),
+        "interval": c.interval.as_dict() if c.interval is not None else None,
     }

@@ -22,7 +22,7 @@ import tensorflow as tf
 from disttrain import placement, schedules, traffic
 from disttrain.cluster import PS, WORKER, Cluster
 from disttrain.config import TrainConfig
-from disttrain.plan import cost, published
+from disttrain.plan import cost, transports
 
 v1 = tf.compat.v1
 
@@ -192,5 +192,5 @@ _KNOBS = {
     "bucket_bytes": ("bucket_bytes", int),
     "transfer_dtype": ("transfer_bits", lambda dtype: 16 if dtype is not None and dtype.size == 2 else 32),
     "backup_workers": ("backup_workers", int),
-    "communication_hint": ("transport", lambda hint: published.NCCL_TCP if hint == "nccl" else None),
+    "communication_hint": ("transport", lambda hint: transports.NCCL_TCP if hint == "nccl" else None),
 }

@@ -4,11 +4,14 @@ micro-benchmarks the planner's transports and host buses come from.
 Every input is stated here with where it came from. The models are the model
 zoo's, built from the shipped gin files at the published batch size; one
 GPU's step time is the published single-GPU rate at that batch. Runs are
-split in two: the calibration set (the only rows any constant was chosen
+split in three: the calibration set (the only rows any constant was chosen
 or checked against; `Constants.ps_cores` is calibrated on the seed's
-one-host rows) and the held-out set (never used to choose anything: its
-errors are computed, not fitted). The transports and host buses below come
-from micro-benchmarks and vendor figures, not from any run here.
+one-host rows), the held-out set, and a second held-out set of runs on
+cloud TCP (`cloud_tcp`, scaled against one host as published); no held-out
+row was used to choose anything: its errors and coverage are computed, not
+fitted. Every row is predicted as an interval (`plan.interval`) from the
+spread of its transport's published environments (`plan.transports`),
+micro-benchmarks and vendor figures, not any run here.
 """
 
 from __future__ import annotations
@@ -17,56 +20,16 @@ import dataclasses
 import statistics
 from collections.abc import Callable
 
-from disttrain.plan import advice, cost
+from disttrain.plan import advice, cloud_tcp, cost, interval, transports
 
-CALIBRATION, HELD_OUT = "calibration", "held-out"
+CALIBRATION, HELD_OUT, CLOUD_TCP = "calibration", "held-out", "held-out, cloud TCP"
+HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP)
 
-# ---- transports and host buses: published micro-benchmarks and vendor figures ------------------
-
-NCCL_2_4_TUNING = (
-    "github.com/NVIDIA/nccl src/graph/tuning.cc (NCCL 2.4): 'Latencies in us' hwLat NET Ring Simple 9.6, "
-    "baseLat Ring Simple 8.4"
-)
-# gRPC on CPU: measured here (BUILD_NOTES.md), the default `cost.Constants`: 95% of a shaped link
-# (tests/netem), 0.26 ms per message (1,000 small variables read in one run), 1.4 ms of CPU per MB at
-# each end (the tasks' CPU seconds per step in the benchmark's emulated runs).
-GRPC = cost.Transport(
-    cost.GRPC,
-    link_share=cost.DEFAULTS.goodput,
-    per_message_s=cost.DEFAULTS.per_message_s,
-    cpu_s_per_byte=cost.DEFAULTS.rpc_cpu_s_per_byte,
-)
-GRPC_SOURCE = "measured here on TF 2.21's CPU gRPC (BUILD_NOTES.md; tests/netem)"
-# NCCL over TCP sockets. Share: github.com/NVIDIA/nccl/issues/209 (2019, nccl-tests over TCP): "Even
-# with large message sizes we have not been able to reliably obtain more than 60% of wire speed over
-# 32Gpbs networks". Per ring hop: NCCL's own latency model, 9.6 us per network hop (tuning.cc above).
-# CPU: NCCL's kernels and proxy threads take no core the model counts.
-NCCL_TCP = cost.Transport("nccl_tcp", link_share=0.60, per_message_s=9.6e-6, cpu_s_per_byte=0.0)
-NCCL_TCP_SOURCE = (
-    "github.com/NVIDIA/nccl/issues/209: 'not ... more than 60% of wire speed'; " + NCCL_2_4_TUNING
-)
-# NCCL over RDMA (InfiniBand, RoCE). Share: github.com/NVIDIA/nccl-tests/issues/119, NCCL's maintainer
-# (sjeaugey, 2022): "We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s for 100G
-# NICs)": 12 of 12.5 GB/s = 0.96 (and NCCL's topo.h: NET_BW 12.0 // 100Gbit). Per hop: as above.
-NCCL_RDMA = cost.Transport("nccl_rdma", link_share=0.96, per_message_s=9.6e-6, cpu_s_per_byte=0.0)
-NCCL_RDMA_SOURCE = "github.com/NVIDIA/nccl-tests/issues/119: '12 GB/s for 100G NICs'; " + NCCL_2_4_TUNING
-TRANSPORTS = {t.name: t for t in (GRPC, NCCL_TCP, NCCL_RDMA)}
-TRANSPORT_SOURCES = {GRPC.name: GRPC_SOURCE, NCCL_TCP.name: NCCL_TCP_SOURCE, NCCL_RDMA.name: NCCL_RDMA_SOURCE}
-
-# Host buses: NCCL's own bandwidth table, github.com/NVIDIA/nccl src/graph/topo.h (GB/s): "#define
-# PCI_BW 12.0 // PCI Gen3 x16", "#define QPI_BW 6.0" (Broadwell's link between sockets; later
-# "BDW_QPI_BW 6.0"), "#define SM60_NVLINK_BW 18.0" (one Pascal NVLink). A host with two PCIe roots
-# (two CPUs, GPUs under each) sums across sockets at QPI's rate.
-NCCL_TOPO = "github.com/NVIDIA/nccl src/graph/topo.h"
-PCIE = cost.HostBus("pcie", 12.0e9)
-PCIE_TWO_ROOTS = cost.HostBus("pcie_two_roots", 6.0e9)
-NVLINK = cost.HostBus("nvlink", 18.0e9)
-HOST_BUSES = {b.name: b for b in (PCIE, PCIE_TWO_ROOTS, NVLINK)}
-HOST_BUS_SOURCES = {
-    PCIE.name: NCCL_TOPO + ": PCI_BW 12.0 // PCI Gen3 x16",
-    PCIE_TWO_ROOTS.name: NCCL_TOPO + ": QPI_BW 6.0 (between the sockets of a two-root host)",
-    NVLINK.name: NCCL_TOPO + ": SM60_NVLINK_BW 18.0 (one Pascal NVLink; a conservative floor)",
-}
+# The transports and host buses, with their sources and spreads, live in `transports`; these names stay.
+GRPC, NCCL_TCP, NCCL_RDMA = transports.GRPC, transports.NCCL_TCP, transports.NCCL_RDMA
+TRANSPORTS, TRANSPORT_SOURCES = transports.TRANSPORTS, transports.TRANSPORT_SOURCES
+PCIE, PCIE_TWO_ROOTS, NVLINK = transports.PCIE, transports.PCIE_TWO_ROOTS, transports.NVLINK
+HOST_BUSES, HOST_BUS_SOURCES = transports.HOST_BUSES, transports.HOST_BUS_SOURCES
 
 # ---- published runs ---------------------------------------------------------------------------
 
@@ -150,6 +113,7 @@ class Case:
     note: str = ""
     calibrated: bool = False
     efficiency: float | None = None
+    one_host_images_per_sec: float | None = None  # set: scaling is against one host, as published
 
     @property
     def gpus(self) -> int:
@@ -157,8 +121,11 @@ class Case:
 
     @property
     def published_efficiency(self) -> float:
+        """Against N x one GPU; or, with `one_host_images_per_sec`, against N x one host."""
         if self.efficiency is not None:
             return self.efficiency
+        if self.one_host_images_per_sec is not None:
+            return self.images_per_sec / (self.hosts * self.one_host_images_per_sec)
         return self.images_per_sec / (self.gpus * self.one_gpu_images_per_sec)
 
     @property
@@ -347,26 +314,79 @@ HELD_OUT_CASES: tuple[Case, ...] = (
         split=HELD_OUT,
     ),
 )
-CASES = CALIBRATION_CASES + HELD_OUT_CASES
+
+
+def _cloud(run: cloud_tcp.CloudRun) -> Case:
+    """A run of `cloud_tcp`: Horovod's NCCL ring over TCP, one process per GPU, GPUs joined by NVLink.
+
+    One GPU's step is the one-host rate over its GPUs (the host's own
+    all-reduce over NVLink taken as free); scaling is against one host.
+    """
+    shape = dict(gpus_per_host=run.gpus_per_host, towers=False, link_gbit=run.link_gbit, host_bus=NVLINK)
+    strategy = dataclasses.replace(_HOROVOD, transport=NCCL_TCP)
+    one_gpu = run.one_host_images_per_sec / run.gpus_per_host
+    return Case(
+        run.source,
+        run.gin_files,
+        run.model,
+        run.batch_size,
+        one_gpu,
+        run.images_per_sec,
+        run.hosts,
+        0,
+        shape,
+        strategy,
+        CLOUD_TCP,
+        cloud_tcp.NOTES[run.source],
+        one_host_images_per_sec=run.one_host_images_per_sec,
+    )
+
+
+CLOUD_TCP_CASES = tuple(_cloud(run) for run in cloud_tcp.RUNS)
+CASES = CALIBRATION_CASES + HELD_OUT_CASES + CLOUD_TCP_CASES
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
+    """A case predicted: its interval, and the efficiencies in the case's own terms (low, middle, high).
+
+    `predicted` is the interval's efficiencies, or, for a case scaled
+    against one host, each over the same end's prediction for one host.
+    """
+
     case: Case
-    prediction: cost.Prediction
+    interval: interval.Interval
+    predicted: tuple[float, float, float]
     bytes_only: cost.Prediction  # without the PS-process ceiling (Constants.ps_cores=None)
     model: cost.Model
 
     @property
+    def prediction(self) -> cost.Prediction:
+        return self.interval.middle
+
+    @property
     def error(self) -> float:
-        return self.prediction.efficiency / self.case.published_efficiency - 1
+        return self.predicted[1] / self.case.published_efficiency - 1
+
+    @property
+    def inside(self) -> bool:
+        return self.predicted[0] <= self.case.published_efficiency <= self.predicted[2]
 
 
-def predict_case(case: Case, model: cost.Model, constants: cost.Constants = cost.DEFAULTS) -> Result:
+def predict_case(
+    case: Case,
+    model: cost.Model,
+    constants: cost.Constants = cost.DEFAULTS,
+    spreads=transports.SPREADS,
+) -> Result:
     shape = cost.Shape(hosts=case.hosts, ps=case.ps, **case.shape)
-    p = cost.predict(model, shape, case.strategy, constants)
+    iv = interval.predict(model, shape, case.strategy, spreads, constants)
+    predicted = iv.efficiencies
+    if case.one_host_images_per_sec is not None:
+        one = interval.predict(model, dataclasses.replace(shape, hosts=1), case.strategy, spreads, constants)
+        predicted = tuple(n / o for n, o in zip(predicted, one.efficiencies, strict=True))
     loose = cost.predict(model, shape, case.strategy, dataclasses.replace(constants, ps_cores=None))
-    return Result(case, p, loose, model)
+    return Result(case, iv, predicted, loose, model)
 
 
 def predict_all(load_config: Callable, cases=CASES) -> list[Result]:
@@ -387,25 +407,35 @@ def predict_all(load_config: Callable, cases=CASES) -> list[Result]:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """A split's errors, computed from its rows' predictions (never stored)."""
+    """A split's errors and coverage, computed from its rows' predictions (never stored)."""
 
     rows: int
     median_abs_error: float
     max_abs_error: float
     within_15: int
     within_25: int
+    inside: int  # published figure inside [low, high]
 
 
 def summary(results: list[Result]) -> Summary:
     errors = [abs(r.error) for r in results]
     if not errors:
-        return Summary(0, 0.0, 0.0, 0, 0)
+        return Summary(0, 0.0, 0.0, 0, 0, 0)
     return Summary(
         len(errors),
         statistics.median(errors),
         max(errors),
         sum(e <= 0.15 for e in errors),
         sum(e <= 0.25 for e in errors),
+        sum(r.inside for r in results),
+    )
+
+
+def _summary_line(name: str, s: Summary) -> str:
+    return (
+        f"{name} ({s.rows} runs): inside the interval {s.inside} of {s.rows}; middle: median |error| "
+        f"{100 * s.median_abs_error:.0f}%, max {100 * s.max_abs_error:.0f}%, {s.within_15} within 15%, "
+        f"{s.within_25} within 25%"
     )
 
 
@@ -417,35 +447,49 @@ def _row(r: Result, tags: dict[str, str]) -> str:
     c = r.case
     layout = f"{c.ps} PS" if c.ps else "ring"
     per = "towers" if c.shape["towers"] else "per GPU"
+    low, middle, high = r.predicted
+    versus = "host" if c.one_host_images_per_sec is not None else "GPU"
     return (
         f"[{tags[c.source]}] {c.model:12s} {c.gpus:4d} {c.hosts:3d}x{c.shape['gpus_per_host']:<2d} "
-        f"{layout:5s} {per:7s} {c.transport:9s} {c.shape['link_gbit']:5g} {c.batch_size:5d} "
-        f"{c.published_efficiency:9.3f} {r.prediction.efficiency:9.3f} {100 * r.error:+6.0f}%  "
-        f"{r.prediction.bottleneck}" + ("  (ps_cores fitted here)" if c.calibrated else "")
+        f"{layout:5s} {per:7s} {c.transport:9s} {c.shape['link_gbit']:5g} {c.batch_size:5d} {versus:4s} "
+        f"{c.published_efficiency:9.3f} {low:6.3f} {middle:6.3f} {high:6.3f} "
+        f"{'yes' if r.inside else 'NO':>3s} {100 * r.error:+6.0f}%  {r.prediction.bottleneck}"
+        + (f"; width: {r.interval.driver}" if r.interval.driver else "")
+        + ("  (ps_cores fitted here)" if c.calibrated else "")
     )
 
 
 def table(results: list[Result]) -> str:
-    """Calibration and held-out rows apart, each split's error from its rows, then every source."""
+    """Each split apart with its coverage and errors, all held-out runs together, then every source."""
     tags = {source: chr(ord("A") + i) for i, source in enumerate(_sources(results))}
     header = (
         f"{'src':3s} {'model':12s} {'GPUs':>4s} {'hosts':>6s} {'layout':5s} {'workers':7s} {'transport':9s} "
-        f"{'Gbit':>5s} {'batch':>5s} {'published':>9s} {'predicted':>9s} {'error':>7s}  bottleneck"
+        f"{'Gbit':>5s} {'batch':>5s} {'vs':4s} {'published':>9s} {'low':>6s} {'middle':>6s} {'high':>6s} "
+        f"{'in?':>3s} {'error':>7s}  bottleneck (middle); what drives the width"
     )
     lines = []
-    for split in (CALIBRATION, HELD_OUT):
+    for split in (CALIBRATION, *HELD_OUT_SPLITS):
         rows = [r for r in results if r.case.split == split]
-        if not rows:
-            continue
-        s = summary(rows)
+        if rows:
+            lines += [
+                _summary_line(f"{split} set", summary(rows)),
+                header,
+                *(_row(r, tags) for r in rows),
+                "",
+            ]
+    held = [r for r in results if r.case.split in HELD_OUT_SPLITS]
+    if held:
+        s = summary(held)
         lines += [
-            f"{split} set ({s.rows} runs): median |error| {100 * s.median_abs_error:.0f}%, "
-            f"max {100 * s.max_abs_error:.0f}%, {s.within_15} within 15%, {s.within_25} within 25%",
-            header,
-            *(_row(r, tags) for r in rows),
+            _summary_line("all held-out runs", s)
+            + f" (targets: {_pct(s.inside, s.rows)} and {_pct(s.within_25, s.rows)} of runs, each 80%)",
             "",
         ]
-    lines.append("efficiency = images/s over GPUs x one GPU's published rate, or as published")
+    lines.append(
+        "efficiency: images/s over GPUs x one GPU's published rate (vs GPU), or over hosts x one host's "
+        "(vs host), or as published; low and high: the transport's constants at their least and most "
+        "favourable published environment (docs/planner.md)"
+    )
     lines.append("sources:")
     lines += [f"  [{tag}] {source}" for source, tag in tags.items()]
     lines.append("transports and host buses:")
@@ -454,10 +498,14 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def seed_answer(result: Result) -> tuple[cost.Prediction, cost.Prediction, list[str]]:
+def _pct(count: int, rows: int) -> str:
+    return f"{100 * count / rows:.0f}%" if rows else "-"
+
+
+def seed_answer(result: Result) -> tuple[cost.Prediction, interval.Interval, list[str]]:
     """The seed's cluster with disttrain: its placement alone, then the best changes one after another.
 
-    Returns (the same layout with disttrain's placement, the recommended layout, the changes).
+    Returns (the same layout with disttrain's placement, the recommended layout's interval, the changes).
     """
     strategy = dataclasses.replace(result.prediction.strategy, placement=cost.DISTTRAIN)
     same = cost.predict(result.model, result.prediction.shape, strategy)
@@ -479,8 +527,9 @@ def answers_table(results: list[Result]) -> str:
         lines.append(
             f"  {r.case.model:13s} TF default {r.prediction.efficiency:.3f}; disttrain's placement alone "
             f"{same.efficiency:.3f}; + towers (sync PS, {shape.ps} PS) {towers.efficiency:.3f}; "
-            f"recommended {best.efficiency:.3f} ({best.examples_per_sec:.0f} img/s): "
+            f"recommended {best.middle.efficiency:.3f} ({best.middle.examples_per_sec:.0f} img/s; "
+            f"{best.low.efficiency:.3f}-{best.high.efficiency:.3f}): "
             + "; ".join(steps)
-            + f" -> {best.strategy.describe()}, bottleneck {best.bottleneck}"
+            + f" -> {best.middle.strategy.describe()}, bottleneck {best.middle.bottleneck}"
         )
     return "\n".join(lines)

@@ -1,18 +1,32 @@
-"""The plan as a table and as JSON: the prediction, its bottleneck, and the changes ranked by gain."""
+"""The plan as a table and as JSON: the prediction with its range, its bottleneck, and the changes ranked."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from disttrain.plan import advice, cost
+from disttrain.plan import advice, cost, interval
+
+_PUBLISHED = "the published spread (docs/planner.md); --link_file for your own links"
 
 
 def _mb(x: float) -> str:
     return f"{x / 1e6:.1f} MB"
 
 
-def table(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change], top: int = 8) -> str:
-    """The prediction and the best `top` changes, for the console."""
+def _range(iv: interval.Interval) -> str:
+    low, middle, high = iv.efficiencies
+    return f"{middle:.3f} (low {low:.3f}, high {high:.3f})"
+
+
+def table(
+    iv: interval.Interval, model: cost.Model, ranked: Sequence[advice.Change], top: int = 8, links: str = ""
+) -> str:
+    """The prediction with its range and the best `top` changes by their low end, for the console.
+
+    links: where the transport's constants came from when not the published
+    spread (a measured link file).
+    """
+    p = iv.middle
     busiest = p.busiest_link
     lines = [
         f"model: {model.name}, {_mb(model.dense_bytes)} dense"
@@ -20,6 +34,7 @@ def table(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change]
         + f", batch {model.batch_size} per GPU, one GPU step {model.step_time * 1e3:.1f} ms",
         f"cluster: {p.shape.describe()} ({p.shape.workers} worker(s), {p.shape.gpus} GPU(s))",
         f"strategy: {p.strategy.describe()}",
+        f"transport constants: {links or _PUBLISHED}",
         "",
         f"  bytes per round on the busiest link  {_mb(busiest.bytes_per_round)} each way "
         f"(host {busiest.host}: {busiest.roles})",
@@ -29,19 +44,23 @@ def table(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change]
         else "  PS balance                           - (no PS)",
         f"  predicted round time                 {p.round_time * 1e3:.1f} ms (one step of every worker)",
         f"  predicted throughput                 {p.examples_per_sec:.1f} examples/s "
-        f"({p.replica_steps_per_sec:.2f} batches/s)",
-        f"  scaling efficiency vs N x one GPU    {p.efficiency:.3f}",
-        f"  bottleneck                           {p.bottleneck}",
+        f"({iv.low.examples_per_sec:.1f}-{iv.high.examples_per_sec:.1f}; "
+        f"{p.replica_steps_per_sec:.2f} batches/s)",
+        f"  scaling efficiency vs N x one GPU    {_range(iv)}",
+        f"  width of the range from              {iv.driver or 'nothing (no constant moves it by 0.001)'}",
+        f"  bottleneck                           {p.bottleneck}"
+        + (f" (low end: {iv.low.bottleneck})" if iv.low.bottleneck != p.bottleneck else ""),
         "  time terms per round (s)             "
         + ", ".join(f"{k} {v:.3f}" for k, v in p.terms.items() if v),
         "",
-        "what to change, by predicted gain:",
+        "what to change, ranked by the low end of its range (gain of the middle, then of the low end):",
     ]
-    shown = [c for c in ranked if c.gain > 1.005][:top]
+    shown = [c for c in ranked if c.low_gain > 1.005 or c.gain > 1.005][:top]
     for c in shown:
         lines.append(
-            f"  {c.gain:5.2f}x  {c.what}: {c.prediction.examples_per_sec:.1f} examples/s, "
-            f"efficiency {c.prediction.efficiency:.3f}, bottleneck {c.prediction.bottleneck}"
+            f"  {c.gain:5.2f}x ({c.low_gain:.2f}x)  {c.what}: "
+            f"{c.prediction.examples_per_sec:.1f} examples/s, efficiency {_range(c.interval)}, "
+            f"bottleneck {c.prediction.bottleneck}"
         )
     if not shown:
         lines.append(
@@ -51,7 +70,7 @@ def table(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change]
     return "\n".join(lines)
 
 
-def as_json(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Change]) -> dict:
+def as_json(iv: interval.Interval, model: cost.Model, ranked: Sequence[advice.Change]) -> dict:
     """Everything in `table`, and every change (those that lose too), as a JSON-ready dict."""
     return {
         "model": {
@@ -62,13 +81,15 @@ def as_json(p: cost.Prediction, model: cost.Model, ranked: Sequence[advice.Chang
             "batch_size": model.batch_size,
             "step_time_seconds": model.step_time,
         },
-        "prediction": p.as_dict(),
+        "prediction": iv.middle.as_dict() | {"interval": iv.as_dict()},
         "changes": [
             {
                 "change": c.what,
                 "gain": c.gain,
+                "low_gain": c.low_gain,
                 "examples_per_sec": c.prediction.examples_per_sec,
                 "scaling_efficiency": c.prediction.efficiency,
+                "interval": c.interval.as_dict(),
                 "bottleneck": c.prediction.bottleneck,
                 "cluster": c.prediction.as_dict()["cluster"],
                 "strategy": c.prediction.as_dict()["strategy"],

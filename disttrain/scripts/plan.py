@@ -5,11 +5,14 @@
     disttrain-plan --gin_file=bench/mlp_b32.gin --hosts=4 --ps=4 --link_gbit=0.5 --measure --speed_factor=1
     disttrain-plan --from_report=/tmp/bench/run.json      # a benchmark report: predicted beside measured
     disttrain-plan --published                            # the published runs, predicted from their inputs
+    disttrain-plan --gin_file=mlp_async.gin --hosts=4 --link_file=links.json  # disttrain-link-probe's file
 
 Reads the model's variables from the gin experiment's graph (built once, no
 training), predicts bytes per link, PS balance, step time, throughput,
-scaling efficiency and the bottleneck, and ranks what to change. Prints a
-table; --out writes the same as JSON. `python bin/plan.py ...` is the same
+scaling efficiency (low, middle and high: the transport's least and most
+favourable environment, published or measured) and the bottleneck, and
+ranks what to change by the low end. Prints a table; --out writes the same
+as JSON. `python bin/plan.py ...` is the same
 command from a checkout.
 """
 
@@ -24,7 +27,7 @@ from disttrain import cli, scripts, strategies
 from disttrain.bench import report as bench_report
 from disttrain.bench import runner
 from disttrain.errors import ConfigError
-from disttrain.plan import advice, cost, measured, models, published
+from disttrain.plan import advice, cost, interval, links, measured, models, published, transports
 from disttrain.plan import report as plan_report
 
 flags.DEFINE_multi_string("gin_file", [], "Gin experiment files, in order (e.g. inception_v3_sync.gin).")
@@ -42,13 +45,13 @@ flags.DEFINE_float("host_cores", None, "Cores a host gives gRPC transfers (defau
 flags.DEFINE_enum(
     "host_bus",
     "pcie",
-    [*published.HOST_BUSES, "none"],
+    [*transports.HOST_BUSES, "none"],
     "What joins a host's GPUs when they sum gradients (none: no host term).",
 )
 flags.DEFINE_enum(
     "transport",
     None,
-    list(published.TRANSPORTS),
+    list(transports.TRANSPORTS),
     "grpc (TF's gRPC on CPU, measured here), nccl_tcp or nccl_rdma (published figures). Default: "
     "what disttrain uses for the strategy on GPUs (gRPC; nccl_tcp for SyncAllReduce.communication_hint="
     "'nccl').",
@@ -72,6 +75,13 @@ flags.DEFINE_integer("top", 8, "Changes shown in the table.")
 flags.DEFINE_string("from_report", None, "A benchmark JSON report: predict each run and show the error.")
 flags.DEFINE_boolean(
     "published", False, "Predict the published runs: calibration and held-out sets apart, with sources."
+)
+flags.DEFINE_string(
+    "link_file",
+    None,
+    "Constants measured on your own hosts (disttrain-link-probe --out): gRPC's and TCP's share of the link, "
+    "latency, gRPC's CPU per MB and per message, in place of the published ones. Its link rate and "
+    "latency hold unless --link_gbit / --latency_ms are given.",
 )
 flags.DEFINE_string("out", None, "Write the plan as JSON here.")
 FLAGS = flags.FLAGS
@@ -102,7 +112,7 @@ def _strategy(config, kind: str) -> cost.Strategy:
     if FLAGS.backup_workers is not None:
         changes["backup_workers"] = FLAGS.backup_workers
     if FLAGS.transport is not None:
-        changes["transport"] = published.TRANSPORTS[FLAGS.transport]
+        changes["transport"] = transports.TRANSPORTS[FLAGS.transport]
     return dataclasses.replace(found, **changes)
 
 
@@ -123,31 +133,43 @@ def _step_time(config) -> float:
     return models.measure_step_time(config, FLAGS.measure_steps) / FLAGS.speed_factor
 
 
+def _given(name: str) -> bool:
+    return bool(FLAGS[name].present)
+
+
 def plan() -> int:
     if not FLAGS.gin_file:
         cli.fail("no --gin_file given: pass one, e.g. --gin_file=inception_v3_sync.gin")
+    link_file = links.load(FLAGS.link_file) if FLAGS.link_file else None
     config = load_config(FLAGS.gin_file, FLAGS.gin_param)
     kind = FLAGS.strategy or config_kind(config)
     if FLAGS.strategy:
         config = load_config(FLAGS.gin_file, [*FLAGS.gin_param, runner.STRATEGIES[kind].binding])
     ps = FLAGS.ps if FLAGS.ps is not None else (0 if kind == cost.ALLREDUCE else FLAGS.hosts)
+    measured_links = link_file is not None
     shape = cost.Shape(
         hosts=FLAGS.hosts,
         gpus_per_host=FLAGS.gpus_per_host,
         towers=FLAGS.towers,
         ps=ps,
         ps_hosts=FLAGS.ps_hosts,
-        link_gbit=FLAGS.link_gbit,
-        latency_ms=FLAGS.latency_ms,
+        link_gbit=link_file.link_gbit if measured_links and not _given("link_gbit") else FLAGS.link_gbit,
+        latency_ms=link_file.latency_ms.median
+        if measured_links and not _given("latency_ms")
+        else FLAGS.latency_ms,
         host_cores=FLAGS.host_cores,
-        host_bus=None if FLAGS.host_bus == "none" else published.HOST_BUSES[FLAGS.host_bus],
+        host_bus=None if FLAGS.host_bus == "none" else transports.HOST_BUSES[FLAGS.host_bus],
     )
     strategy = _strategy(config, kind)
+    if measured_links:
+        strategy = dataclasses.replace(strategy, transport=links.transport_for(link_file, strategy))
     cost.check(shape, strategy)  # before anything is built or measured
     model = models.model_from_config(config, _step_time(config))
-    prediction = cost.predict(model, shape, strategy)
-    ranked = advice.changes(model, shape, strategy, current=prediction)
-    print(plan_report.table(prediction, model, ranked, FLAGS.top), flush=True)
+    spreads, constants = links.spreads_with(link_file), links.constants_with(link_file)
+    prediction = interval.predict(model, shape, strategy, spreads, constants)
+    ranked = advice.changes(model, shape, strategy, constants, prediction, spreads)
+    described = link_file.describe() if measured_links else ""
+    print(plan_report.table(prediction, model, ranked, FLAGS.top, described), flush=True)
     if FLAGS.out:
         bench_report.write_json(plan_report.as_json(prediction, model, ranked), FLAGS.out)
         print(f"plan: {FLAGS.out}")
@@ -162,6 +184,9 @@ def from_report(path: str) -> int:
         )
     with open(path) as f:
         report = json.load(f)
+    link_file = links.load(FLAGS.link_file) if FLAGS.link_file else None
+    if link_file is not None:
+        print(f"transport constants: {link_file.describe()}", flush=True)
     cfg = report["config"]
     checks = []
     for run in report["runs"]:
@@ -171,8 +196,13 @@ def from_report(path: str) -> int:
             cfg["gin_files"], [*cfg["gin_params"], runner.STRATEGIES[run["strategy"]].binding]
         )
         model = models.model_from_config(config, 1.0)
+        strategy = models.strategy_from_config(config, run["strategy"])
+        if link_file is not None:
+            strategy = dataclasses.replace(strategy, transport=links.transport_for(link_file, strategy))
         checks.append(
-            measured.check_run(report, run, model, models.strategy_from_config(config, run["strategy"]))
+            measured.check_run(
+                report, run, model, strategy, links.constants_with(link_file), links.spreads_with(link_file)
+            )
         )
     print(measured.table(checks), flush=True)
     if FLAGS.out:
