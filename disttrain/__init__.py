@@ -6,7 +6,7 @@ The public API:
 - `session(strategy, steps=..., logdir=...)`: the same, for a loop of your own
   after `strategy.minimize(...)`.
 - Replica strategies `AsyncParameterServer`, `SyncParameterServer`,
-  `SyncAllReduce` (base `Strategy`): `scope()`, `minimize()`, `hooks(last_step)`, `session_config()`.
+  `SyncAllReduce`, `SyncHybrid` (base `Strategy`): `scope()`, `minimize()`, `hooks(last_step)`, `session_config()`.
 - `Cluster`: the whole cluster from one task's point of view (TF_CONFIG, flags, local).
 - `RunSettings`: how a run goes (checkpoints, logging, waits, guards);
   `TrainConfig`: a model_zoo run as gin binds it (bin/train.py).
@@ -42,6 +42,7 @@ from disttrain.strategies import (  # noqa: E402
     AsyncParameterServer,
     Strategy,
     SyncAllReduce,
+    SyncHybrid,
     SyncParameterServer,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "RunSettings",
     "Strategy",
     "SyncAllReduce",
+    "SyncHybrid",
     "SyncParameterServer",
     "TrainConfig",
     "fit",

@@ -472,7 +472,8 @@ def monitored_session(
             )
         )
     # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
-    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, bool(notices))
+    live = bool(notices) and strategy.adopts_live_ps_state
+    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live)
     watchdog.start().enter("creating the session", settings.peer_wait_secs)
     with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
         creator = _Reconnecting(creator, on_reconnect, lost_peer_log, watchdog, settings.peer_wait_secs)

@@ -202,6 +202,9 @@ class Strategy(abc.ABC):
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
+    # A restarted chief adopts the variables live PS tasks still hold (rather than restoring an
+    # older checkpoint over them); False when part of the model lived in the replicas.
+    adopts_live_ps_state = True
     # How optimizer.compute_gradients gates a backprop op's gradients (TF's default: all of an
     # op's input gradients are computed before any is used).
     gate_gradients = v1.train.Optimizer.GATE_OP
