@@ -13,6 +13,10 @@ The public API:
 - `DisttrainError`: what ends a task, with its exit code.
 - `InputContext`: what a loss function that takes one argument is given: its
   replica and tower, batch sizes, `shard()` and `get_next()`.
+- `export(logdir, serve_fn, export_dir, inputs=...)`: the newest (or a named)
+  checkpoint of any layout as a SavedModel in TF Serving's versioned layout,
+  loadable in plain TF 2; `BestExport`: what an evaluator task exports when
+  a checkpoint's metric is the best so far (`fit(..., export_best=...)`).
 """
 
 import os as _os
@@ -35,6 +39,7 @@ _tf.compat.v1.disable_eager_execution()
 from disttrain.cluster import Cluster  # noqa: E402
 from disttrain.config import RunSettings, TrainConfig  # noqa: E402
 from disttrain.errors import DisttrainError  # noqa: E402
+from disttrain.exporting import BestExport, export  # noqa: E402
 from disttrain.input_context import InputContext  # noqa: E402
 from disttrain.launch import fit, session  # noqa: E402
 from disttrain.optimizers import LazyAdamOptimizer  # noqa: E402
@@ -47,6 +52,7 @@ from disttrain.strategies import (  # noqa: E402
 
 __all__ = [
     "AsyncParameterServer",
+    "BestExport",
     "Cluster",
     "DisttrainError",
     "InputContext",
@@ -56,6 +62,7 @@ __all__ = [
     "SyncAllReduce",
     "SyncParameterServer",
     "TrainConfig",
+    "export",
     "fit",
     "session",
 ]
