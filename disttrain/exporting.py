@@ -267,7 +267,8 @@ def build_serving(serve_fn: Callable, inputs: InputSpecs) -> Serving:
             "name it in inputs=, or make it a tf.compat.v1.placeholder_with_default"
         )
     variables = [v for v in v1.global_variables() if v.op in needed]
-    return Serving(placeholders, outputs, variables, _ServingSaver(variables, outputs))
+    ends = sorted(fed, key=lambda op: op.name) + [t.op for t in outputs.values()]
+    return Serving(placeholders, outputs, variables, _ServingSaver(variables, ends))
 
 
 def _placeholder_ops(placeholder) -> list[tf.Operation]:
@@ -341,13 +342,13 @@ class _ServingSaver(v1.train.Saver):
 
     The graph may hold more (the evaluator's metrics and input pipeline, ops
     `serve_fn` built and did not return): the exported graph is pruned to
-    the ops that the outputs, this saver and the variables' initializers
+    the signature's inputs and the ops that its outputs, this saver and the variables' initializers
     reach, and the variable collections to the serving variables.
     """
 
-    def __init__(self, variables: list[tf.Variable], outputs: dict[str, tf.Tensor]):
+    def __init__(self, variables: list[tf.Variable], ends: list[tf.Operation]):
         super().__init__(variables, sharded=True, allow_empty=True)
-        self._variables, self._outputs = variables, outputs
+        self._variables, self._ends = variables, ends  # the signature's inputs and outputs
 
     def export_meta_graph(self, *args, **kwargs):
         meta = super().export_meta_graph(*args, **kwargs)
@@ -357,7 +358,7 @@ class _ServingSaver(v1.train.Saver):
         for key in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
             defs = [variable_pb2.VariableDef.FromString(b) for b in collections[key].bytes_list.value]
             kept[key] = [d for d in defs if d.variable_name in served]
-        ops = {t.op.name for t in self._outputs.values()}
+        ops = {op.name for op in self._ends}
         ops |= {self.saver_def.restore_op_name, self.saver_def.save_tensor_name.split(":")[0]}
         for d in kept[v1.GraphKeys.GLOBAL_VARIABLES]:  # the ops a loader rebuilds each variable from
             names = (d.variable_name, d.initializer_name, d.snapshot_name, d.initial_value_name)

@@ -48,8 +48,8 @@ def main(argv):
                 version=FLAGS.version,
             )
         except exporting.MismatchError as e:
-            where = ", ".join(gin_files)
-            raise exporting.MismatchError(f"{e}; the model here is from {where}: give the run's") from None
+            hint = f"the model came from {', '.join(gin_files)}: give the run's gin files"
+            raise exporting.MismatchError(f"{e}; {hint}") from None
     print(written)
     return 0
 
