@@ -5,7 +5,8 @@ new Python process that runs TF 2 eagerly and never imports disttrain (its
 import turns eager mode off). One such process loads every SavedModel of
 this module's fixture; its outputs are compared with one process's outputs
 from the same checkpoint (the model built in a v1 graph, all its variables
-restored by a plain Saver), to float32 rounding.
+restored by a plain Saver), to float32 rounding. The same process also
+loads each with TF 1's loader into a Session, as TF Serving does.
 """
 
 from __future__ import annotations
@@ -48,6 +49,24 @@ import numpy as np
 import tensorflow as tf
 
 assert tf.executing_eagerly()
+v1 = tf.compat.v1
+
+
+def in_a_v1_session(directory, feeds):
+    # TF 1's loader: the meta graph in a Session, as TF Serving loads a SavedModel.
+    with tf.Graph().as_default() as graph, v1.Session() as session:
+        signature = v1.saved_model.load(session, ["serve"], directory).signature_def["serving_default"]
+        feed = {}
+        for key, info in signature.inputs.items():
+            if info.name:
+                feed[info.name] = feeds[key]
+            else:
+                coo = info.coo_sparse
+                names = (coo.indices_tensor_name, coo.values_tensor_name, coo.dense_shape_tensor_name)
+                feed.update(zip(names, (feeds[f"{key}_{p}"] for p in ("indices", "values", "dense_shape"))))
+        return session.run({k: info.name for k, info in signature.outputs.items()}, feed)
+
+
 report = {}
 for name, (directory, work) in json.loads(sys.argv[1]).items():
     loaded = tf.saved_model.load(directory)
@@ -55,6 +74,7 @@ for name, (directory, work) in json.loads(sys.argv[1]).items():
     feeds = dict(np.load(f"{work}.in.npz"))
     out = serve(**{k: tf.constant(v) for k, v in feeds.items()})
     np.savez(f"{work}.out.npz", **{k: v.numpy() for k, v in out.items()})
+    np.savez(f"{work}.v1.npz", **in_a_v1_session(directory, feeds))
     report[name] = {"variables": sorted(v.name[:-2] for v in loaded.variables)}
 report["disttrain imported"] = "disttrain" in sys.modules
 print("REPORT " + json.dumps(report))
@@ -84,6 +104,7 @@ def load_in_tf2(exports: dict[str, tuple[str, dict[str, np.ndarray]]], work: str
     assert report.pop("disttrain imported") is False
     for name, (_, stem) in paths.items():
         report[name]["outputs"] = dict(np.load(f"{stem}.out.npz"))
+        report[name]["v1_session_outputs"] = dict(np.load(f"{stem}.v1.npz"))
     return report
 
 
@@ -266,12 +287,14 @@ def exported(tmp_path_factory) -> tuple[dict[str, Case], dict]:
         "keras": keras_case(root),
         **variable_length_cases(root),
     }
-    best = run_evaluator(str(root / "evaluated"), str(root / "best"), [(1, 2.0), (2, 3.0), (3, 1.0)])
-    cases["evaluator"] = Case(scale_model, {"inputs": features((4, 1))}, best.checkpoint, best.written)
+    weights = [(1, 2.0), (2, 3.0), (3, 1.0)]
+    best = run_evaluator(str(root / "evaluated"), str(root / "best"), weights, keras_layer=True)
+    build = lambda placeholders: keras_scale()(placeholders["inputs"])
+    cases["evaluator"] = Case(build, {"inputs": features((4, 1))}, best.checkpoint, best.written)
     return cases, load_in_tf2({n: (c.written, c.feeds) for n, c in cases.items()}, str(root))
 
 
-@pytest.mark.parametrize("name", ["mlp", "cifar10", "keras"])
+@pytest.mark.parametrize("name", ["mlp", "cifar10", "keras", "padded", "sparse", "evaluator"])
 def test_served_outputs_equal_one_process_from_the_same_checkpoint(exported, name):
     cases, report = exported
     case = cases[name]
@@ -280,9 +303,16 @@ def test_served_outputs_equal_one_process_from_the_same_checkpoint(exported, nam
     assert set(got) == set(want)
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
-    # TF Serving's layout: <export_dir>/<version>/, the version being the checkpoint's global step.
-    assert os.path.basename(case.written) == case.checkpoint.rsplit("-", 1)[1]
-    assert os.listdir(os.path.dirname(case.written)) == [os.path.basename(case.written)]
+        np.testing.assert_array_equal(report[name]["v1_session_outputs"][key], got[key], err_msg=key)
+
+
+def test_each_export_is_a_version_named_by_the_global_step_in_tf_servings_layout(exported):
+    for case in exported[0].values():
+        assert os.path.basename(case.written) == case.checkpoint.rsplit("-", 1)[1]
+        assert not os.path.exists(os.path.join(case.written, "checkpoint"))  # nothing of training
+    mlp = exported[0]["mlp"]
+    assert os.listdir(os.path.dirname(mlp.written)) == [os.path.basename(mlp.written)]  # no temporary left
+    assert sorted(os.listdir(mlp.written)) == ["saved_model.pb", "variables"]
 
 
 @pytest.mark.parametrize("name", ["mlp", "cifar10", "keras"])
@@ -332,15 +362,14 @@ PROBE = np.array([[1.0], [2.0]], np.float32)  # the evaluator's held-out input: 
 
 
 def scale_model(inputs) -> tf.Tensor:
-    """The evaluator tests' model: one weight."""
+    """The evaluator tests' model: one weight, a get_variable."""
     x = inputs["inputs"] if isinstance(inputs, dict) else inputs
     return x * v1.get_variable("scale/w", [1], initializer=v1.ones_initializer())
 
 
-def held_out_loss() -> tf.Tensor:
-    """The loss on PROBE, read through an input pipeline (which an export must leave out)."""
-    probe = v1.data.make_one_shot_iterator(tf.data.Dataset.from_tensors(PROBE).repeat()).get_next()
-    return tf.reduce_mean(tf.square(scale_model(probe)))
+def keras_scale() -> keras.layers.Layer:
+    """The same model in Keras: one layer, built once, that every function of the evaluator calls."""
+    return keras.layers.Dense(1, use_bias=False, kernel_initializer="ones", name="scale")
 
 
 class Exported(NamedTuple):
@@ -348,14 +377,22 @@ class Exported(NamedTuple):
     written: str  # its version directory
 
 
-def run_evaluator(logdir: str, export_dir: str, weights: list[tuple[int, float]], keep: int = 5) -> Exported:
-    """fit's evaluator task with export_best, beside checkpoints (step, w) written one measured at a time."""
+def run_evaluator(
+    logdir: str, export_dir: str, weights: list[tuple[int, float]], keep: int = 5, keras_layer: bool = False
+) -> Exported:
+    """fit's evaluator task with export_best, beside checkpoints (step, w) written one measured at a time.
+
+    The held-out loss on PROBE (2.5 w^2) is read through an input pipeline,
+    which the export must leave out.
+    """
     eval_dir = os.path.join(logdir, "eval")
     paths = {}
+    name, shape = ("scale/kernel", (1, 1)) if keras_layer else ("scale/w", (1,))
 
     def write_in_turn():
+        build = (lambda: keras_scale()(PROBE)) if keras_layer else (lambda: scale_model(PROBE))
         for step, w in weights:
-            paths[step] = write_checkpoint(logdir, lambda: scale_model(PROBE), step, {"scale/w": [w]})
+            paths[step] = write_checkpoint(logdir, build, step, {name: np.full(shape, w, np.float32)})
             deadline = time.monotonic() + 60
             while step not in dict(scalars(eval_dir, "eval/loss")) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -364,6 +401,15 @@ def run_evaluator(logdir: str, export_dir: str, weights: list[tuple[int, float]]
     writer.start()
     try:
         with tf.Graph().as_default():
+            serve_fn = keras_scale() if keras_layer else scale_model
+
+            def held_out_loss():
+                probe = v1.data.make_one_shot_iterator(
+                    tf.data.Dataset.from_tensors(PROBE).repeat()
+                ).get_next()
+                return tf.reduce_mean(tf.square(serve_fn(probe)))
+
+            best = disttrain.BestExport(serve_fn, export_dir, inputs=tf.TensorSpec([None, 1]), keep=keep)
             disttrain.fit(
                 held_out_loss,
                 lambda: v1.train.GradientDescentOptimizer(0.1),
@@ -372,9 +418,7 @@ def run_evaluator(logdir: str, export_dir: str, weights: list[tuple[int, float]]
                 cluster=EVALUATOR_TASK,
                 eval_fn=held_out_loss,
                 eval_steps=2,
-                export_best=disttrain.BestExport(
-                    scale_model, export_dir, inputs=tf.TensorSpec([None, 1]), keep=keep
-                ),
+                export_best=best,
                 peer_wait_secs=60,
             )
     finally:
@@ -384,21 +428,22 @@ def run_evaluator(logdir: str, export_dir: str, weights: list[tuple[int, float]]
 
 
 def test_the_evaluator_exports_each_checkpoint_whose_loss_is_the_best_so_far(exported):
-    """Losses 10, 22.5, 2.5 at steps 1, 2, 3: steps 1 and 3 are exported, each with its own weights."""
+    """Losses 10, 22.5, 2.5 at steps 1, 2, 3: steps 1 and 3 are exported, each with its own weights.
+
+    The model is a Keras layer that eval_fn and serve_fn share, as a script's module-level model is.
+    """
     cases, report = exported
     case = cases["evaluator"]
     export_dir = os.path.dirname(case.written)
     assert exporting.versions(export_dir) == [1, 3]
     for version, w in ((1, 2.0), (3, 1.0)):
         saved = tf.train.load_checkpoint(os.path.join(export_dir, str(version), "variables", "variables"))
-        assert saved.get_variable_to_shape_map() == {"scale/w": [1]}
-        assert saved.get_tensor("scale/w") == [w]
-    np.testing.assert_allclose(
-        report["evaluator"]["outputs"]["outputs"], case.feeds["inputs"] * 1.0, rtol=RTOL
-    )
+        assert saved.get_variable_to_shape_map() == {"scale/kernel": [1, 1]}
+        assert saved.get_tensor("scale/kernel") == [[w]]
+    np.testing.assert_allclose(report["evaluator"]["outputs"]["outputs"], case.feeds["inputs"], rtol=RTOL)
     # Built in the evaluator's graph, beside its input pipeline and metrics: none of that was exported.
     op_types = saved_op_types(case.written)
-    assert "Mul" in op_types and not training_ops(op_types), op_types
+    assert "MatMul" in op_types and not training_ops(op_types), op_types
 
 
 def test_a_restarted_evaluator_exports_only_what_beats_every_earlier_measurement(tmp_path):
@@ -407,6 +452,10 @@ def test_a_restarted_evaluator_exports_only_what_beats_every_earlier_measurement
     assert exporting.versions(export_dir) == [1]
     run_evaluator(logdir, export_dir, [(2, 1.5), (3, 0.5)], keep=1)  # 5.6 (worse than 2.5), then 0.6
     assert exporting.versions(export_dir) == [3]  # 2 never exported; 1 removed (keep=1)
+
+
+def held_out_loss() -> tf.Tensor:
+    return tf.reduce_mean(tf.square(scale_model(PROBE)))
 
 
 def test_export_best_naming_no_metric_of_eval_fn_ends_the_evaluator_in_one_line(tmp_path, capsys):
