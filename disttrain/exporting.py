@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Mapping
 
 import tensorflow as tf
-from tensorflow.core.framework import variable_pb2
 
 from disttrain import logs, recovery, tf_internals, trainer
 from disttrain.errors import ConfigError, DisttrainError
@@ -322,7 +321,7 @@ def trained_variables(path: str) -> list[str]:
         meta.ParseFromString(f.read())
     names = []
     for serialized in meta.collection_def[v1.GraphKeys.TRAINABLE_VARIABLES].bytes_list.value:
-        variable = variable_pb2.VariableDef.FromString(serialized)
+        variable = tf_internals.VariableDef.FromString(serialized)
         full = variable.save_slice_info_def.full_name  # a part of a split variable: the whole one's key
         names.append(full or variable.variable_name.rsplit(":", 1)[0])
     return sorted(set(names))
@@ -356,7 +355,7 @@ class _ServingSaver(v1.train.Saver):
         served = {v.name for v in self._variables}
         kept = {}
         for key in (v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES):
-            defs = [variable_pb2.VariableDef.FromString(b) for b in collections[key].bytes_list.value]
+            defs = [tf_internals.VariableDef.FromString(b) for b in collections[key].bytes_list.value]
             kept[key] = [d for d in defs if d.variable_name in served]
         ops = {op.name for op in self._ends}
         ops |= {self.saver_def.restore_op_name, self.saver_def.save_tensor_name.split(":")[0]}
