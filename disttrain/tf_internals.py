@@ -13,12 +13,22 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+# Not exported by tf.*: the proto of a variable in a meta graph's collections (a checkpoint's `.meta`, a
+# SavedModel's graph). The export reads which variables training trained from it, and keeps only the
+# serving variables in a SavedModel's collections. Without it: `exporting` goes.
+# `exporting` also relies on `tf.compat.v1.saved_model.Builder.add_meta_graph_and_variables` taking its
+# meta graph from `saver.export_meta_graph(...)` (TF 2.21's builder_impl): that is where a SavedModel's
+# graph is pruned. If it stops, SavedModels keep the whole graph they were built in (the evaluator's
+# input pipeline: tests/unit/test_export.py fails).
+from tensorflow.core.framework.variable_pb2 import VariableDef
+
 # Not exported by tf.compat.v1: what `get_variable` returns for a partitioned (split) variable.
 # Placement needs it to list a split variable's parts. Without it: split variables go unrecognised.
 from tensorflow.python.ops.variables import PartitionedVariable
 
 # The v1 Saver's own mapping from variables to checkpoint keys (a split variable's parts are slices of one
-# key). Without it: trainer.check_restorable, the chief's start-up check of a checkpoint, goes.
+# key). Without it: trainer.checkpoint_mismatch (the chief's start-up check of a checkpoint, and the
+# export's) goes.
 from tensorflow.python.training.saving.saveable_object_util import op_list_to_dict
 
 v1 = tf.compat.v1
@@ -28,6 +38,7 @@ TF_VERSION_CHECKED = "2.21.0"
 __all__ = [
     "TF_VERSION_CHECKED",
     "PartitionedVariable",
+    "VariableDef",
     "RoundsQueueRunner",
     "add_control_input",
     "checkpoint_keys",

@@ -374,27 +374,34 @@ def usable_checkpoint(logdir: str) -> str | None:
     return None
 
 
-def check_restorable(checkpoint: str | None, variables) -> None:
-    """Refuse, in one line before any session, a checkpoint this graph cannot restore.
+def checkpoint_mismatch(checkpoint: str, variables) -> str | None:
+    """What first stops `variables` from being restored from `checkpoint`, as words; None if nothing.
 
     Split variables are compared whole (key and shape), as the Saver reads
     them: TF re-slices a checkpoint written on any number of PS for any
-    other and for one process. A variable the checkpoint lacks, or holds in
-    another shape, would otherwise fail the restore on the PS tasks with
-    pages of traceback.
+    other and for one process. E.g. "has no variable 'fc1/weights'".
     """
-    if checkpoint is None:
-        return
     saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
     for name, shape in sorted(tf_internals.checkpoint_keys(variables).items()):
         if name not in saved:
-            problem = "has no variable"
-        elif list(saved[name]) != shape:
-            problem = f"holds {list(saved[name])}, not {shape}, for"
-        else:
-            continue
+            return f"has no variable {name!r}"
+        if list(saved[name]) != shape:
+            return f"holds {list(saved[name])}, not {shape}, for {name!r}"
+    return None
+
+
+def check_restorable(checkpoint: str | None, variables) -> None:
+    """Refuse, in one line before any session, a checkpoint this graph cannot restore.
+
+    A variable the checkpoint lacks, or holds in another shape, would
+    otherwise fail the restore on the PS tasks with pages of traceback.
+    """
+    if checkpoint is None:
+        return
+    problem = checkpoint_mismatch(checkpoint, variables)
+    if problem is not None:
         raise ConfigError(
-            f"the checkpoint {checkpoint} {problem} {name!r} of this model: it was written by another "
+            f"the checkpoint {checkpoint} {problem} of this model: it was written by another "
             "model or optimizer; give a new --logdir (or logdir=), or train what wrote it"
         )
 
