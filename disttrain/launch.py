@@ -375,6 +375,7 @@ def train_replica(
     built = trainer.build(
         strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size, clip=Clip.of(settings)
     )
+    trainer.check_replica_memory(built.graph, cluster.task_name, settings.replica_memory_bytes)
     if cluster.is_chief:
         texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}
         texts["run/strategy"] = strategy.describe()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics, preemption, recovery, servers, tf_internals
+from disttrain import input_context, metrics, placement, preemption, recovery, servers, tf_internals
 from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
@@ -404,6 +404,43 @@ def check_restorable(checkpoint: str | None, variables) -> None:
             f"the checkpoint {checkpoint} {problem} of this model: it was written by another "
             "model or optimizer; give a new --logdir (or logdir=), or train what wrote it"
         )
+
+
+def check_replica_memory(graph: tf.Graph, task: str, cap: int | None) -> None:
+    """Refuse, in one line before any session, a model whose variables on this replica exceed `cap` bytes.
+
+    Counts every variable not on a PS task (optimizer slots, worker-side
+    copies and mirrors included), and names the largest embedding table
+    among them, since a table is what outgrows a worker.
+    """
+    if cap is None:
+        return
+    held = [
+        spec
+        for spec in placement.variable_specs(graph)
+        if tf.DeviceSpec.from_string(graph.get_operation_by_name(spec.name).device).job != "ps"
+    ]
+    total = sum(spec.nbytes for spec in held)
+    if total <= cap:
+        return
+    tables: dict[str, int] = collections.defaultdict(int)
+    for spec in held:
+        if spec.table:
+            tables[spec.name.rsplit("/part_", 1)[0]] += spec.nbytes
+    if tables:
+        name = max(tables, key=tables.get)
+        largest = f"its largest table, {name}, is {_bytes(tables[name])}"
+    else:
+        largest = f"its largest variable, {max(held, key=lambda s: s.nbytes).name}, holds the most"
+    raise ConfigError(
+        f"{task} would hold {_bytes(total)} of variables, over replica_memory_bytes={cap} ({_bytes(cap)}): "
+        f"{largest}; SyncHybrid keeps embedding tables on the PS tasks, cut by rows, and only the rest on "
+        "each replica"
+    )
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def check_writable(logdir: str) -> None:

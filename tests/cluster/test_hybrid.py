@@ -6,7 +6,9 @@ two halves must each keep once) in one process at 2 x BATCH, and under
 SyncHybrid on 2 PS + 2 workers at BATCH, each replica reading its half of
 every window of rows (as tests/cluster/test_correctness.py does). The
 tables, the dense weights and their Adam slots must agree. The hybrid's
-checkpoint then restores on 1 PS and in one process, which train on.
+checkpoint then restores on 1 PS and in one process, which train on. Every
+run caps a replica's memory (`replica_memory_bytes`) below what all-reduce
+would hold, which is refused at start.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain.errors import EXIT_CONFIG
 from disttrain.local import free_port
 from tests.cluster.test_correctness import SYNC_ATOL, SYNC_RTOL
 from tests.cluster.test_own_model import logs, run_all, start, start_all
@@ -75,29 +78,41 @@ disttrain.fit(
     lambda: v1.train.AdamOptimizer(0.01),
     steps={steps},
     logdir="{logdir}",
-    strategy=disttrain.SyncHybrid,
+    strategy=disttrain.{strategy},
     batch_size=BATCH,
     log_every_steps=20,
     save_checkpoint_steps=100000,
+    replica_memory_bytes={cap},
 )
 """
+# A replica's own variables with Adam's slots: about 3 KB under the hybrid (the dense half), 19 KB
+# under all-reduce (the tables too, 300 x 4 and 40 x 4): this cap admits the one and not the other.
+CAP = 8000
 
 
-def run(tmp_path, name: str, logdir, num_ps: int, num_workers: int, batch: int, steps: int) -> None:
+def run(tmp_path, name, logdir, num_ps, num_workers, batch, steps, strategy="SyncHybrid"):
+    """Run the script as every task of the cluster (or alone); every task's exit code and its logs.
+
+    Replicas of a cluster run under CAP; one process alone holds everything, with no cap.
+    """
     directory = tmp_path / name
     directory.mkdir()
     path = directory / "hybrid_model.py"
-    path.write_text(SCRIPT.format(batch=batch, steps=steps, logdir=logdir))
+    cap = CAP if num_workers else None
+    path.write_text(SCRIPT.format(batch=batch, steps=steps, logdir=logdir, strategy=strategy, cap=cap))
     if num_workers == 0:
-        codes = run_all({"local": start(str(path), directory, None, "local", 0)}, directory)
-    else:
-        cluster = {
-            "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
-            "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
-        }
-        codes = run_all(start_all(str(path), directory, cluster), directory)
-    assert set(codes.values()) == {0}, (codes, logs(directory))
-    assert f"to global step {steps}" in logs(directory), logs(directory)
+        return run_all({"local": start(str(path), directory, None, "local", 0)}, directory), logs(directory)
+    cluster = {
+        "ps": [f"127.0.0.1:{free_port()}" for _ in range(num_ps)],
+        "worker": [f"127.0.0.1:{free_port()}" for _ in range(num_workers)],
+    }
+    return run_all(start_all(str(path), directory, cluster), directory), logs(directory)
+
+
+def trains(tmp_path, name, logdir, num_ps, num_workers, batch, steps) -> None:
+    codes, text = run(tmp_path, name, logdir, num_ps, num_workers, batch, steps)
+    assert set(codes.values()) == {0}, (codes, text)
+    assert f"to global step {steps}" in text, text
 
 
 def weights(logdir) -> dict[str, np.ndarray]:
@@ -109,8 +124,8 @@ def weights(logdir) -> dict[str, np.ndarray]:
 def trained(tmp_path_factory):
     """One process at 2 x BATCH, and the hybrid on 2 PS + 2 workers at BATCH: their checkpoints."""
     tmp = tmp_path_factory.mktemp("hybrid")
-    run(tmp, "one", tmp / "one_logdir", 0, 0, 2 * BATCH, STEPS)
-    run(tmp, "hybrid", tmp / "hybrid_logdir", 2, 2, BATCH, STEPS)
+    trains(tmp, "one", tmp / "one_logdir", 0, 0, 2 * BATCH, STEPS)
+    trains(tmp, "hybrid", tmp / "hybrid_logdir", 2, 2, BATCH, STEPS)
     return tmp
 
 
@@ -123,11 +138,19 @@ def test_hybrid_trains_as_one_process_with_n_times_the_batch(trained):
     # Both halves' Adam powers advanced once a step (two updates through one would square them).
     np.testing.assert_allclose(hybrid["beta1_power"], hybrid["beta1_power_1"], rtol=1e-6)
     np.testing.assert_allclose(hybrid["beta1_power"], one["beta1_power"], rtol=1e-6)
-    assert not np.allclose(hybrid["emb_a"], weights(trained / "one_logdir")["emb_a"] * 0 + 0)
 
 
 def test_the_hybrids_checkpoint_trains_on_with_one_ps_and_in_one_process(trained):
     logdir = trained / "hybrid_logdir"
-    run(trained, "one_ps", logdir, 1, 2, BATCH, STEPS + 10)
-    run(trained, "alone", logdir, 0, 0, 2 * BATCH, STEPS + 20)
+    trains(trained, "one_ps", logdir, 1, 2, BATCH, STEPS + 10)
+    trains(trained, "alone", logdir, 0, 0, 2 * BATCH, STEPS + 20)
     assert weights(logdir)["global_step"] == STEPS + 20
+
+
+def test_all_reduce_is_refused_at_start_where_the_hybrid_fits_the_replicas_memory(trained):
+    """The hybrid above trained under CAP; all-reduce, which holds every table on every replica, may not."""
+    codes, text = run(trained, "ring", trained / "ring_logdir", 0, 2, BATCH, STEPS, strategy="SyncAllReduce")
+    assert codes == {"worker_0": EXIT_CONFIG, "worker_1": EXIT_CONFIG}, (codes, text)
+    errors = [line for line in text.splitlines() if line.startswith("disttrain: error:")]
+    assert len(errors) == 2 and all(f"over replica_memory_bytes={CAP}" in e for e in errors), errors
+    assert all("emb_a" in e and "SyncHybrid" in e for e in errors), errors
