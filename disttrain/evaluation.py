@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics
+from disttrain import input_context, input_feeds, metrics
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -50,11 +50,13 @@ def evaluate_checkpoints(
     """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
 
     `build_metrics()` builds the metrics (variables named as in training, so
-    that the checkpoint restores them) in a fresh graph.
+    that the checkpoint restores them) in a fresh graph; NumPy arrays its
+    datasets are built from are fed when each session starts
+    (`disttrain.input_feeds`).
     """
     measured = []
     with tf.Graph().as_default():
-        values = build_metrics()
+        values = input_feeds.feeding(build_metrics)()
         names = sorted(values)
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
@@ -62,6 +64,7 @@ def evaluate_checkpoints(
         for path in v1.train.checkpoints_iterator(logdir, min_interval_secs=1, timeout=wait_secs):
             with v1.Session() as session:
                 saver.restore(session, path)
+                input_feeds.start_inputs(session)
                 runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
                 step = int(session.run(global_step))
             means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
