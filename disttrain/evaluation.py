@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import exporting, input_context, metrics
+from disttrain import exporting, input_context, input_feeds, metrics
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -51,14 +51,16 @@ def evaluate_checkpoints(
     """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
 
     `build_metrics()` builds the metrics (variables named as in training, so
-    that the checkpoint restores them) in a fresh graph. With `export_best`,
-    each checkpoint whose metric is the best so far is exported as well
+    that the checkpoint restores them) in a fresh graph; NumPy arrays its
+    datasets are built from are fed when each session starts
+    (`disttrain.input_feeds`). With `export_best`, each checkpoint whose
+    metric is the best so far is exported as well
     (`disttrain.exporting.BestExport`), its serving function built in the
     same graph.
     """
     measured = []
     with tf.Graph().as_default():
-        values = build_metrics()
+        values = input_feeds.feeding(build_metrics)()
         names = sorted(values)
         exporter = None
         if export_best is not None:
@@ -72,6 +74,7 @@ def evaluate_checkpoints(
                 exporter.check(path)
             with v1.Session() as session:
                 saver.restore(session, path)
+                input_feeds.start_inputs(session)
                 runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
                 step = int(session.run(global_step))
                 means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}

@@ -20,7 +20,16 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics, placement, preemption, recovery, servers, tf_internals
+from disttrain import (
+    input_context,
+    input_feeds,
+    metrics,
+    placement,
+    preemption,
+    recovery,
+    servers,
+    tf_internals,
+)
 from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
@@ -489,7 +498,8 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     stop_at = _StopAtStep(last_step=steps)
-    all_hooks = [*strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
+    # The fed inputs start first: a strategy's hook may run steps when its session starts.
+    all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
     all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step, watchdog)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, placement, schedules
+from disttrain import input_context, input_feeds, placement, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
@@ -452,7 +452,8 @@ class Strategy(abc.ABC):
         its towers are averaged) or the aggregate's (`disttrain.clipping`).
         A loss function that takes one argument gets the `InputContext` of
         the tower it builds (its replica and tower, `batch_size`, `shard()`,
-        `get_next()`).
+        `get_next()`). NumPy arrays its datasets are built from are fed when
+        the input starts (`disttrain.input_feeds`), not written into the graph.
         Call inside `scope()`.
         """
         if self.setter is None:
@@ -461,6 +462,8 @@ class Strategy(abc.ABC):
         self.batch_size = batch_size
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
+        if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
+            loss = input_feeds.feeding(loss)
         self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
