@@ -578,6 +578,7 @@ def _throughput_hook(
         cluster_logdir=logdir if cluster.is_chief else None,
         decay_threshold=settings.decay_threshold,
         decay_window=settings.decay_window,
+        data_weight=strategy.data_weight,
     )
 
 

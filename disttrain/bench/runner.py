@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import local, metrics, placement, strategies, traffic, zoo_run
+from disttrain import launch, local, metrics, placement, strategies, traffic, zoo_run
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
@@ -61,11 +61,18 @@ class StrategyKind:
     class_name: str  # the gin name and class name
     synchronous: bool
     uses_ps: bool
+    dense_over_ring: bool = False
 
     @classmethod
     def of(cls, strategy: type[strategies.Strategy], class_name: str | None = None) -> StrategyKind:
-        """What `strategy` declares (kind, synchronous, uses_ps), under its own name or `class_name`."""
-        return cls(strategy.kind, class_name or strategy.__name__, strategy.synchronous, strategy.uses_ps)
+        """What `strategy` declares (kind, synchronous, uses_ps, ...), under its own name or `class_name`."""
+        return cls(
+            strategy.kind,
+            class_name or strategy.__name__,
+            strategy.synchronous,
+            strategy.uses_ps,
+            strategy.dense_over_ring,
+        )
 
     @property
     def binding(self) -> str:
@@ -516,7 +523,10 @@ class Benchmark:
             row["skipped"] = best["skipped"]
             return row
         per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
-        loads_per_round = traffic.link_loads(spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse)
+        ring = spec.kind.dense_over_ring
+        loads_per_round = traffic.link_loads(
+            spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse, ring
+        )
         row["expected_busiest_link_bytes_per_step"] = (
             max(x.bytes_per_round for x in loads_per_round) / per_round
         )
@@ -524,7 +534,7 @@ class Benchmark:
         if ref:
             link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
             b = bound_lib.bound(
-                spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse
+                spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse, ring
             )
             row.update(
                 bound_steps_per_sec=b.steps_per_sec,
@@ -539,6 +549,8 @@ class Benchmark:
             row["error"] = best["error"]
             return row
         m, roles = best["measurement"], best["roles"]
+        peaks = [r.get("peak_memory_mb", 0.0) for r in launch.read_results(best["logdir"]).values()]
+        row["worker_peak_memory_mb"] = max(peaks) if peaks else None  # what a replica holds
         per_worker = list(m.steps_per_sec.values())
         steps = m.cluster_examples_per_sec / batch
         # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.

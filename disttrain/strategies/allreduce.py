@@ -244,6 +244,7 @@ class SyncAllReduce(Strategy):
     """
 
     kind = "allreduce"
+    dense_over_ring = True
     synchronous = True
     uses_ps = False
     knobs = ("bucket_bytes", "transfer_dtype", "communication_hint")

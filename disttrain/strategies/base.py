@@ -202,6 +202,8 @@ class Strategy(abc.ABC):
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
+    # Its dense gradients are summed over a ring of the replicas (what crosses each link then).
+    dense_over_ring = False
     # A restarted chief adopts the variables live PS tasks still hold (rather than restoring an
     # older checkpoint over them); False when part of the model lived in the replicas.
     adopts_live_ps_state = True

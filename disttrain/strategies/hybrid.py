@@ -17,6 +17,10 @@ a ring does best. Each step, every replica
 
 So one synchronous step is one global step for both halves, and the update
 is one process's with N times the batch. A replica holds no copy of a table.
+The replicas' steps share one step id (TF synchronises it for the ring's
+collectives), so a step closes for all of them at once, those whose data
+has ended included: the first to end a step cleans it up on the PS, which
+would abort another's part of it still waiting there.
 The tables' update has an optimizer of its own (the same class and settings:
 its state, such as Adam's step powers, lives beside the tables on the PS).
 """
@@ -61,11 +65,13 @@ class SyncHybrid(SyncParameterServer):
     """
 
     kind = "hybrid"
+    dense_over_ring = True
     synchronous = True
     uses_ps = True
     knobs = ("bucket_bytes", "transfer_dtype", "communication_hint", "piece_bytes")
     recovers_in_process = False
     adopts_live_ps_state = False
+    closes_with_every_replica = True
     aggregate_clipped_at = None  # two halves, two places: clip per replica (clip_where='replica')
     gate_gradients = SyncAllReduce.gate_gradients
 

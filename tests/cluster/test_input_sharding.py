@@ -57,8 +57,11 @@ def loss_fn(ctx):
         r, {{"id": tf.io.FixedLenFeature([], tf.int64)}})["id"]).batch(ctx.batch_size))
     read = tf.numpy_function(record, [ids, ctx.data_present(), ctx.replica_index, ctx.tower_index], tf.int64)
     w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
-    # The gradient is the batch's mean id / IDS: the final w tells which batches each step applied.
-    return w * tf.reduce_mean(tf.cast(ids, tf.float32)) / {ids} + 0.0 * tf.cast(read, tf.float32)
+    table = v1.get_variable("table", [{ids}, 1], initializer=v1.zeros_initializer())
+    # w's gradient is the batch's mean id / IDS, row i of the table's is 1 / batch for the batch that
+    # holds id i: the final values tell which batches each step applied, and with what weight.
+    rows = tf.reduce_mean(tf.nn.embedding_lookup(table, ids))
+    return w * tf.reduce_mean(tf.cast(ids, tf.float32)) / {ids} + rows + 0.0 * tf.cast(read, tf.float32)
 
 
 disttrain.fit(
@@ -163,23 +166,25 @@ def pipelines(sizes: list[int], batch: int) -> list[list[np.ndarray]]:
     return [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
 
 
-def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
-    """w after training, by the Join rules: each step, the pipelines that still have a batch.
+def expected(sizes: list[int], batch: int, lr: float, by_replica: bool) -> tuple[float, np.ndarray]:
+    """w and the table after training, by the Join rules: each step, the pipelines that still have a batch.
 
-    All-reduce: the mean over those pipelines; sync PS: the mean over the replicas that still have
-    data of each one's mean over its towers that do (replica r feeds pipelines 2r and 2r + 1).
+    By pipeline (all-reduce, and the hybrid's dense half): each gradient weighs 1 / the pipelines
+    with a batch. By replica (sync PS, and the hybrid's tables): 1 / the replicas with data, times
+    1 / that replica's towers with data (replica r feeds pipelines 2r and 2r + 1).
     """
     batches = pipelines(sizes, batch)
-    w = 0.0
+    w, table = 0.0, np.zeros(IDS)
     for step in range(max(len(b) for b in batches)):
-        grads = [b[step].mean() / IDS if step < len(b) else None for b in batches]
-        if strategy == "SyncAllReduce":
-            g = np.mean([x for x in grads if x is not None])
-        else:
-            replicas = [[x for x in grads[2 * r : 2 * r + 2] if x is not None] for r in range(2)]
-            g = np.mean([np.mean(t) for t in replicas if t])
-        w -= lr * g
-    return w
+        have = [step < len(b) for b in batches]
+        towers = [sum(have[2 * r : 2 * r + 2]) for r in range(2)]
+        for p, b in enumerate(batches):
+            if not have[p]:
+                continue
+            weight = 1 / (sum(1 for t in towers if t) * towers[p // 2]) if by_replica else 1 / sum(have)
+            w -= lr * weight * b[step].mean() / IDS
+            table[b[step]] -= lr * weight / len(b[step])
+    return w, table
 
 
 @pytest.mark.parametrize(
@@ -191,6 +196,7 @@ def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
         ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True"),
         ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1"),
         ("SyncAllReduce", FEWER_FILES, 5, ""),
+        ("SyncHybrid", UNEVEN_FILES, 4, ""),
     ],
     ids=[
         "async-files",
@@ -199,6 +205,7 @@ def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
         "async-overlap-records",
         "sync-backup-records",
         "allreduce-records",
+        "hybrid-files",
     ],
 )
 def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy, sizes, batch, knobs):
@@ -220,8 +227,12 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy
     if strategy == "SyncParameterServer" and "backup" not in knobs:  # every read batch was applied
         assert "0 stale reports dropped" in text, text
     if strategy != "AsyncParameterServer" and "backup" not in knobs:  # steps are deterministic
-        w = tf.train.load_checkpoint(str(tmp_path / "logdir")).get_tensor("w")
-        assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy), rel=1e-4), w
+        saved = tf.train.load_checkpoint(str(tmp_path / "logdir"))
+        ring, tables = strategy in ("SyncAllReduce", "SyncHybrid"), strategy != "SyncAllReduce"
+        w, _ = expected(sizes, batch, 0.01, by_replica=not ring)
+        _, table = expected(sizes, batch, 0.01, by_replica=tables)
+        assert saved.get_tensor("w") == pytest.approx(w, rel=1e-4)
+        np.testing.assert_allclose(saved.get_tensor("table")[:, 0], table, rtol=1e-4, atol=1e-7)
 
 
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):

@@ -62,22 +62,26 @@ def _context(ctx):  # a dict element, through the context's share and its saved 
 
 
 def _train(strategy, read_fn, logdir, steps=10**6, **settings):
-    """Train on what `read_fn(ctx)` reads, to the end of its data or `steps`; the graph and the rows read."""
+    """Train on what `read_fn(ctx)` reads, to the end of its data or `steps`; the graph and the rows read.
+
+    A tower whose data has ended computes on a stand-in batch (Join): only real batches count.
+    """
     batches = []
 
     def loss_fn(ctx):
-        batches.append(read_fn(ctx))
-        return _model(batches[-1])
+        batches.append((read_fn(ctx), ctx.data_present()))
+        return _model(batches[-1][0])
 
     read = []
     with tf.Graph().as_default() as graph:
         with strategy.scope():
             train_op = strategy.minimize(v1.train.GradientDescentOptimizer(0.01), loss_fn, batch_size=BATCH)
         settings = {"save_checkpoint_steps": 20, "log_every_steps": 1000, **settings}
-        towers = [b for b in batches if b.graph is graph]  # not the scratch build's, for placement
+        towers = [b for b in batches if b[0].graph is graph]  # not the scratch build's, for placement
         with disttrain.session(strategy, steps=steps, logdir=str(logdir), batch_size=BATCH, **settings) as s:
             while not s.should_stop():
-                read.extend(s.run([train_op, *towers])[1:])
+                fetched = s.run([train_op, towers])[1]
+                read.extend(batch for batch, present in fetched if present)
     return graph, np.concatenate(read) if read else np.zeros((0, COLUMNS), np.float32)
 
 
