@@ -87,6 +87,15 @@ TF2_PSS = StrategyKind.of(strategies.AsyncParameterServer, "ParameterServerStrat
 TF2_MWMS = StrategyKind.of(strategies.SyncAllReduce, "MultiWorkerMirroredStrategy")
 
 
+def _strategy_of(system: str) -> str | None:
+    """'hybrid' for the system 'disttrain:hybrid' (disttrain under that strategy), else None.
+
+    Several strategies of disttrain run beside the peers in one benchmark run that way.
+    """
+    name, _, kind = system.partition(":")
+    return kind if name == "disttrain" and kind else None
+
+
 _logdirs = itertools.count(1)
 
 
@@ -180,9 +189,12 @@ class Benchmark:
             raise BenchError(f"--workers={list(c.workers)}: need worker counts >= 1")
         if not c.ps or min(c.ps) < 1:
             raise BenchError(f"--ps={list(c.ps)}: need PS counts >= 1")
-        bad = [s for s in c.systems if s not in SYSTEMS]
+        bad = [s for s in c.systems if s not in SYSTEMS and _strategy_of(s) not in STRATEGIES]
         if bad or not c.systems:
-            raise BenchError(f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}")
+            raise BenchError(
+                f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}, or "
+                f"disttrain:<strategy> ({', '.join(STRATEGIES)})"
+            )
         if c.strategy is not None and c.strategy not in STRATEGIES:
             raise BenchError(f"--strategy={c.strategy}: expected one of {', '.join(STRATEGIES)}")
         if c.repeats < 1:
@@ -201,6 +213,8 @@ class Benchmark:
     def _kind(self, system: str) -> StrategyKind:
         if system == "tf_default":
             return TF_DEFAULT
+        if _strategy_of(system) is not None:
+            return STRATEGIES[_strategy_of(system)]
         if system in tf2.PEERS:
             return TF2_PSS if tf2.PEERS[system].uses_ps else TF2_MWMS
         if self.config.strategy is not None:
@@ -475,7 +489,7 @@ class Benchmark:
             why = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
             self.log(f"{self._elapsed()} {where} {spec.label}: skipped, {why}")
             return {"skipped": why}
-        name = f"{k + 1:02d}_{spec.system}_{spec.workers}w{spec.ps}ps" + (
+        name = f"{k + 1:02d}_{spec.system.replace(':', '_')}_{spec.workers}w{spec.ps}ps" + (
             f"_{rep + 1}" if c.repeats > 1 else ""
         )
         logdir = self._fresh(os.path.join(c.logdir, name))
