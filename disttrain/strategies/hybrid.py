@@ -34,6 +34,7 @@ import itertools
 import tensorflow as tf
 
 from disttrain import placement
+from disttrain.strategies import allreduce
 from disttrain.strategies.allreduce import SyncAllReduce
 from disttrain.strategies.sync_ps import SyncParameterServer
 
@@ -157,8 +158,29 @@ class SyncHybrid(SyncParameterServer):
             )
         else:
             table_update = super().apply_gradients(_own_state(optimizer), tables, self._table_step())
+            table_update = self._every_replica_released(table_update)
         votes = [ring._vote[1]] if ring._vote is not None else []
         return tf.group(dense_update, table_update, *votes, name="hybrid_train_op")
+
+    def _every_replica_released(self, release: tf.Operation) -> tf.Tensor:
+        """`release` (this replica's token), then a barrier of the ring: no replica ends the step first.
+
+        The replicas' steps share one step id (the ring's collectives have TF synchronise it), and
+        the first master to end a step cleans that id up on the PS, aborting what another
+        replica's part of the step still has pending there: its token, released by the same run
+        but not yet received (seen under load: "Cleanup <id>" on a token dequeue). After this
+        small all-reduce, which waits for every replica's token, nothing of the step is pending
+        on the PS when any replica ends it.
+        """
+        with (
+            tf.device(self.compute_devices[0]),
+            tf.name_scope("released"),
+            tf.control_dependencies([release]),
+        ):
+            (barrier,) = allreduce.all_reduce_mean(
+                [tf.zeros([1])], self.ring.group_size, 4, instance_keys=self.ring._keys
+            )
+        return barrier
 
     def _table_step(self) -> tf.Variable:
         """The tables' own step on the first PS: the aggregator's update increments it, the queues live there.
