@@ -90,24 +90,20 @@ def throughput_drop(rates: Sequence[float], window: int, lookback: int = 20) -> 
 
 def peak_memory_mb() -> float:
     """This process's peak resident memory in MiB so far (Linux VmHWM; ru_maxrss elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return _status_mb("VmHWM:")
 
 
 def process_memory_mb() -> float:
     """Resident memory of this process in MiB (Linux /proc; peak RSS elsewhere)."""
+    return _status_mb("VmRSS:")
+
+
+def _status_mb(field: str) -> float:
+    """A memory line of /proc/self/status in MiB; without /proc, the peak resident memory."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
