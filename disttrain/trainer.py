@@ -666,7 +666,7 @@ def _watch_hooks(
             settings.save_checkpoint_steps,
             settings.save_checkpoint_secs,
             # One beside each kept checkpoint, so that a restore from any of them finds its position.
-            keep=settings.keep_checkpoints + 1,
+            keep=None if settings.keep_checkpoints is None else settings.keep_checkpoints + 1,
         )
     ]
     if strategy.no_data is not None:
