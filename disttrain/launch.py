@@ -97,6 +97,8 @@ def fit(
         logs.to_console()
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
+        if ROLES[cluster.task_type] != TRAIN:
+            refuse_what_replicas_refuse(strategy, cluster, settings)
         lives = {
             SERVE: lambda: serve(cluster, settings, logdir, steps),
             EVALUATE: lambda: _evaluate(
@@ -260,6 +262,21 @@ def make_strategy(strategy, cluster: Cluster) -> Strategy:
             "a callable cluster -> strategy, or a strategy built for this task"
         )
     return strategy(cluster)
+
+
+def refuse_what_replicas_refuse(strategy, cluster: Cluster, settings: RunSettings) -> None:
+    """On a task that does not train (a PS, the evaluator): ConfigError for what the replicas refuse at start.
+
+    The replicas build the strategy, which checks its knobs, and refuse an
+    aggregate clip it has no place for: they exit 2 at once. A PS that did
+    not refuse the same would serve for ever for replicas that never come.
+    """
+    if not cluster.replica_jobs:
+        return
+    if not isinstance(strategy, Strategy):
+        job, index = cluster.replica_jobs[0]
+        strategy = make_strategy(strategy, Cluster(jobs=cluster.jobs, task_type=job, task_index=index))
+    strategy.check_clip(Clip.of(settings))
 
 
 @contextlib.contextmanager
