@@ -8,6 +8,7 @@ library below never reads flags or gin.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -81,11 +82,48 @@ def train_config(gin_files, gin_params) -> TrainConfig:
             gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=False)
         finally:
             logging.disable(logging.NOTSET)
-        return configurables.train_config().validate()
+        config = configurables.train_config().validate()
+        unset = _unset_argument()
     except DisttrainError as e:
         fail(str(e), e.exit_code)
     except Exception as e:  # noqa: BLE001  anything gin or a constructor raises is a config error
         fail(f"bad gin config: {_gin_error(e)}")
+    if unset:
+        fail(unset)
+    return config
+
+
+# The TrainConfig fields the launcher calls, and how many positional arguments it passes them
+# (the cluster; model, batch size, replica index, replicas); gin must bind every other required one.
+_CALLED_WITH = {"optimizer": 0, "strategy": 1, "input_fn": 4, "eval_input_fn": 4}
+
+
+def _unset_argument() -> str | None:
+    """The line naming a required argument that neither gin nor the launcher gives a bound callable.
+
+    `TrainConfig.optimizer = @SGD` without `SGD.learning_rate` would fail only
+    once the graph is built, in a traceback that names gin's internals.
+    """
+    bound = gin.get_bindings("TrainConfig", resolve_references=False)
+    for field, passed in _CALLED_WITH.items():
+        ref = bound.get(field)
+        if not isinstance(ref, gin.config.ConfigurableReference) or ref.evaluate:
+            continue
+        parameters = list(inspect.signature(ref.configurable.wrapped).parameters.values())
+        required = [
+            p.name
+            for p in parameters[passed:]
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        given = gin.get_bindings(ref.scoped_selector)
+        for name in required:
+            if name not in given:
+                what = f"{ref.configurable.name}.{name}"
+                return (
+                    f"gin: {what} is not set, and TrainConfig.{field} = @{ref.scoped_selector} needs it: "
+                    f"bind it (--gin_param={what}=...)"
+                )
+    return None
 
 
 def dry_run(cluster: cluster_lib.Cluster, config: TrainConfig) -> int:
