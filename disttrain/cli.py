@@ -149,10 +149,24 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
 
 
 def launch_local(
-    gin_files, gin_params, num_ps, num_workers, chief, evaluator, logdir, timeout, max_restarts=0
+    gin_files,
+    gin_params,
+    num_ps,
+    num_workers,
+    chief,
+    evaluator,
+    logdir,
+    timeout,
+    max_restarts=0,
+    private_network=True,
 ) -> int:
-    """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task."""
+    """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task.
+
+    With `private_network`, the tasks run in a network namespace of their
+    own (root only; otherwise it says what is exposed, and goes on).
+    """
     from disttrain import local
+    from disttrain.private_network import PrivateNetwork
 
     if not gin_files:
         fail("no --gin_file given: pass one, e.g. --gin_file=mlp_async.gin")
@@ -160,17 +174,41 @@ def launch_local(
         fail(
             f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}"
         )
-    cluster = local.LocalCluster(
-        gin_files,
-        logdir,
-        num_ps,
-        num_workers,
-        chief,
-        evaluator,
-        gin_params,
-        max_restarts=max_restarts,
-        on_event=lambda message: print(message, flush=True),
-    )
+    network = PrivateNetwork()
+    if private_network and network.open():
+        print("tasks in a network namespace of their own (loopback only): nothing else reaches them")
+    else:
+        why = f" (no private network: {network.why_not})" if private_network else ""
+        print(
+            f"tasks on this machine's network{why}: TensorFlow's servers listen on every interface and "
+            "run whatever they are sent, so anyone who reaches this machine reaches them; firewall "
+            "their ports, or run as root for a private network",
+            flush=True,
+        )
+    try:
+        return _run_local(
+            local.LocalCluster(
+                gin_files,
+                logdir,
+                num_ps,
+                num_workers,
+                chief,
+                evaluator,
+                gin_params,
+                max_restarts=max_restarts,
+                on_event=lambda message: print(message, flush=True),
+                popen=network.popen if network.holder else None,
+            ),
+            logdir,
+            timeout,
+        )
+    finally:
+        network.close()
+
+
+def _run_local(cluster, logdir: str, timeout) -> int:
+    from disttrain import local
+
     follower = local.LogFollower(cluster.chief_task.log_path)
 
     def echo():
