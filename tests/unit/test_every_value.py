@@ -12,7 +12,6 @@ docs/configuration.md ("Every value runs"), which a test here reads.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 
@@ -22,6 +21,8 @@ import tensorflow as tf
 import disttrain
 from disttrain.cluster import Cluster
 from tests import REPO, reading_model
+
+pytestmark = pytest.mark.usefixtures("fresh_console")
 
 STEPS = 6
 
@@ -103,20 +104,6 @@ REFUSED_KNOBS = [
     ("SyncAllReduce", {"communication_hint": "tcp"}, "communication_hint='tcp'"),
     ("SyncAllReduce", {"autotune": True, "autotune_runs": 0}, "autotune_runs must be >= 1"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def console_of_this_test():
-    """fit's console handler writes to this test's captured stdout, not a closed earlier one."""
-
-    def drop():
-        logger = logging.getLogger("disttrain")
-        for handler in [h for h in logger.handlers if getattr(h, "_disttrain", False)]:
-            logger.removeHandler(handler)
-
-    drop()
-    yield
-    drop()
 
 
 def _knobs(strategy: str, knob: str, value) -> dict:
