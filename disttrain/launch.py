@@ -97,7 +97,7 @@ def fit(
         logs.to_console()
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
-        if ROLES[cluster.task_type] != TRAIN:
+        if ROLES[cluster.task_type] == SERVE:
             refuse_what_replicas_refuse(strategy, cluster, settings)
         lives = {
             SERVE: lambda: serve(cluster, settings, logdir, steps),
@@ -265,11 +265,12 @@ def make_strategy(strategy, cluster: Cluster) -> Strategy:
 
 
 def refuse_what_replicas_refuse(strategy, cluster: Cluster, settings: RunSettings) -> None:
-    """On a task that does not train (a PS, the evaluator): ConfigError for what the replicas refuse at start.
+    """On a PS: ConfigError for what the replicas refuse at start, so that it exits 2 with them.
 
     The replicas build the strategy, which checks its knobs, and refuse an
     aggregate clip it has no place for: they exit 2 at once. A PS that did
     not refuse the same would serve for ever for replicas that never come.
+    (An evaluator waits for checkpoints `peer_wait_secs` at most.)
     """
     if not cluster.replica_jobs:
         return
