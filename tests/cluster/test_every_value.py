@@ -100,13 +100,17 @@ RUNS = {
 }
 
 
-def start_cluster(tmp_path, strategy: str, knobs: dict, settings: dict) -> dict[str, subprocess.Popen]:
-    """Every task of a 2-worker cluster (and a PS unless all-reduce) running tests.reading_model."""
+def start_cluster(
+    tmp_path, strategy: str, knobs: dict, settings: dict, steps: int = STEPS, **more
+) -> dict[str, subprocess.Popen]:
+    """Every task of a 2-worker cluster (and a PS unless all-reduce) running tests.reading_model.
+
+    `more`: the run's other keys (record, nan).
+    """
     run = tmp_path / "run.json"
     logdir = str(tmp_path / "logdir")
-    run.write_text(
-        json.dumps(dict(strategy=strategy, knobs=knobs, steps=STEPS, logdir=logdir, settings=settings))
-    )
+    spec = dict(strategy=strategy, knobs=knobs, steps=steps, logdir=logdir, settings=settings, **more)
+    run.write_text(json.dumps(spec))
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
     if strategy != "SyncAllReduce":
         cluster["ps"] = [f"127.0.0.1:{free_port()}"]
