@@ -29,39 +29,27 @@ from tests.cluster.test_own_model import logs, run_all
 pytestmark = pytest.mark.cluster
 
 STEPS = 16
-# Every RunSettings field at a value that changes what a run does, and back at the other one.
-QUIET = dict(
-    save_checkpoint_steps=None,
-    save_checkpoint_secs=None,
-    keep_checkpoints=None,
-    stall_steps=0,
-    trace_steps=2,
-    log_every_steps=2,
-    check_numerics=False,
-    intra_op_threads=1,
-    inter_op_threads=1,
-    decay_threshold=0,
-    decay_window=1,
-    ps_linger_secs=0,
-    wait_log_secs=0.5,
-    preempt_secs=0.5,
-)
-BUSY = dict(
-    save_checkpoint_steps=None,
-    save_checkpoint_secs=0.01,
-    keep_checkpoints=1,
-    stall_steps=None,
-    trace_steps=0,
-    log_every_steps=1,
-    check_numerics=True,
-    intra_op_threads=0,
-    inter_op_threads=0,
-    decay_threshold=0.3,
-    decay_window=3,
-    ps_linger_secs=30,
-    clip_norm=1.0,
-    clip_where="replica",
-)
+# Every RunSettings field at two values, one for each kind of run: (QUIET, BUSY). QUIET writes no
+# checkpoint and turns the guards off; BUSY checkpoints by time, clips and watches.
+TWO_WAYS = {
+    "save_checkpoint_steps": (None, None),
+    "save_checkpoint_secs": (None, 0.01),
+    "keep_checkpoints": (None, 1),
+    "stall_steps": (0, None),
+    "trace_steps": (2, 0),
+    "log_every_steps": (2, 1),
+    "check_numerics": (False, True),
+    "intra_op_threads": (1, 0),
+    "inter_op_threads": (1, 0),
+    "decay_threshold": (0, 0.3),
+    "decay_window": (1, 3),
+    "ps_linger_secs": (0, 30),
+    "wait_log_secs": (0.5, 10),
+    "preempt_secs": (0.5, 20),
+    "clip_norm": (None, 1.0),
+}
+QUIET = {name: values[0] for name, values in TWO_WAYS.items()}
+BUSY = {name: values[1] for name, values in TWO_WAYS.items()} | {"clip_where": "replica"}
 RUNS = {
     "async-overlap": (
         "AsyncParameterServer",

@@ -67,10 +67,9 @@ def test_ctrl_c_ends_disttrain_train_with_130_and_one_line(tmp_path):
 def test_nan_on_one_all_reduce_replica_ends_it_with_3_and_its_peer_with_150(tmp_path):
     """docs/faults.md: a NaN stops its replica (3); under all-reduce the peer, losing it, exits 150."""
     # Replica 1's input turns to NaN from id 41 on (its 21st batch); a checkpoint every 5 steps.
-    procs = start_cluster(
-        tmp_path, "SyncAllReduce", {}, {"save_checkpoint_steps": 5}, steps=10_000, nan=[1, 41]
-    )
-    codes = run_all(procs, tmp_path, timeout=240)
+    settings = {"save_checkpoint_steps": 5, "peer_wait_secs": 20}
+    procs = start_cluster(tmp_path, "SyncAllReduce", {}, settings, steps=10_000, nan=[1, 41])
+    codes = run_all(procs, tmp_path, timeout=180)
     assert codes == {"worker_0": EXIT_TRANSIENT, "worker_1": EXIT_DIVERGED}, (codes, logs(tmp_path))
     last = {name: (tmp_path / f"{name}.log").read_text().strip().splitlines()[-1] for name in codes}
     assert re.match(r"disttrain: error: loss became NaN or Inf after global step \d+", last["worker_1"]), last
