@@ -296,9 +296,10 @@ def errors_to_exit(cluster: Cluster | None = None):
         tf.errors.AbortedError,
         tf.errors.InternalError,
         tf.errors.CancelledError,
+        tf.errors.FailedPreconditionError,
     ) as e:
         texts = [str(e.message or type(e).__name__)]
-        passed_on = isinstance(e, tf.errors.InternalError | tf.errors.CancelledError)
+        passed_on = not isinstance(e, tf.errors.UnavailableError | tf.errors.AbortedError)
         if passed_on and not servers.failed_with_a_peer(texts[0]):
             raise
         if cluster is None or cluster.is_local:

@@ -81,7 +81,12 @@ def test_nan_on_one_all_reduce_replica_ends_it_with_3_and_its_peer_with_150(tmp_
 
 
 def reading_cluster(tmp_path, spec: dict, num_ps: int) -> LocalCluster:
-    """A LocalCluster of `python -m tests.reading_model` tasks, 2 workers, restarting what dies (twice)."""
+    """A LocalCluster of `python -m tests.reading_model` tasks, 2 workers, restarting what dies.
+
+    As an orchestrator would: a second apart, up to 5 times (a replica
+    restarted before its all-reduce peer has seen it go is refused by the
+    group, exits 150, and is started again).
+    """
     run = tmp_path / "run.json"
     run.write_text(json.dumps(dict(spec, logdir=str(tmp_path / "logdir"))))
 
@@ -90,7 +95,13 @@ def reading_cluster(tmp_path, spec: dict, num_ps: int) -> LocalCluster:
         return subprocess.Popen(argv, env=env, cwd=REPO, **task_process_options(log_file))
 
     return LocalCluster(
-        [], str(tmp_path / "logdir"), num_ps=num_ps, num_workers=2, max_restarts=2, popen=popen
+        [],
+        str(tmp_path / "logdir"),
+        num_ps=num_ps,
+        num_workers=2,
+        max_restarts=5,
+        restart_delay_secs=1.0,
+        popen=popen,
     )
 
 
@@ -148,8 +159,8 @@ def test_a_worker_preempted_then_killed_under_overlap_rejoins_and_training_ends(
         cluster.stop()
     assert "codes" in outcome, (outcome, describe_failure(cluster))
     assert set(outcome["codes"].values()) == {0}, (outcome, describe_failure(cluster))
-    assert cluster.restarts == {"/job:worker/task:1": 2}, cluster.events
     died = [e for e in cluster.events if e.startswith("/job:worker/task:1 died")]
+    assert len(died) == 2 and set(cluster.restarts) == {"/job:worker/task:1"}, cluster.events
     assert f"exit code {EXIT_TRANSIENT}" in died[0] and "signal 9" in died[1], died  # preempted, then killed
     assert "preempted (SIGTERM)" in open(worker.log_path).read()
     steps = logged_global_steps(cluster.chief_task.log_path)
@@ -203,7 +214,7 @@ def test_input_positions_saved_by_time_resume_after_a_kill(tmp_path, strategy):
     for replica in (0, 1):
         share = [replica + 2 * j for j in range(IDS // 2)] * 4
         runs = lives(read, replica)
-        assert len(runs) == (2 if replica in restarted else 1), [len(r) for r in runs]
+        assert len(runs) >= 2 if replica in restarted else len(runs) == 1, [len(r) for r in runs]
         assert runs[0] == share[: len(runs[0])]  # the first life reads its share from the start
         for before, after in zip(runs, runs[1:], strict=False):
             at = share.index(before[0]) + len(before)  # where the life before stopped

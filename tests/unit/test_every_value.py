@@ -134,10 +134,12 @@ def run_fit(logdir, strategy=None, **settings):
             return e.code
 
 
-def assert_trained(result, capsys):
+def assert_trained(result, capsys, overshoot: int = 0):
+    """Trained to the last step; `overshoot`: the steps past it a strategy may apply (overlap: 2)."""
     err = capsys.readouterr().err
     assert not isinstance(result, int | type(None)), f"exit {result}: {err[-2000:]}"
-    assert result.global_step == STEPS and result.local_steps == STEPS, result
+    assert STEPS <= result.global_step <= STEPS + overshoot, result
+    assert STEPS <= result.local_steps <= STEPS + overshoot, result
     assert "Traceback" not in err, err[-2000:]
 
 
@@ -186,8 +188,10 @@ STRATEGY_RUNS = [
     "strategy,knob,value", STRATEGY_RUNS, ids=[f"{s}.{k}={v!r}" for s, k, v in STRATEGY_RUNS]
 )
 def test_each_documented_strategy_knob_trains_to_the_last_step(tmp_path, capsys, strategy, knob, value):
-    built = functools.partial(getattr(disttrain, strategy), **_knobs(strategy, knob, value))
-    assert_trained(run_fit(tmp_path, built, log_every_steps=2), capsys)
+    knobs = _knobs(strategy, knob, value)
+    built = functools.partial(getattr(disttrain, strategy), **knobs)
+    # docs/configuration.md: with overlap a worker also applies the up to two gradients it had queued.
+    assert_trained(run_fit(tmp_path, built, log_every_steps=2), capsys, overshoot=2 * knobs.get("overlap", 0))
 
 
 @pytest.mark.parametrize("strategy", list(KNOBS))

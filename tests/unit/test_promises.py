@@ -129,6 +129,16 @@ def test_the_evaluator_writes_an_eval_scalar_per_metric_name(tmp_path, capsys):
     assert step == 4 and np.isfinite(mse)
 
 
+def test_an_evaluator_that_gets_no_checkpoint_says_so_and_ends(tmp_path, capsys):
+    """With no checkpoints (both intervals None) an evaluator has nothing to read: it ends in a bound."""
+    evaluator = Cluster(jobs={"worker": ["localhost:1"]}, task_type=EVALUATOR, task_index=0)
+    code = fit_once(
+        tmp_path, reading_model.loss_fn, cluster=evaluator, eval_fn=reading_model.loss_fn, peer_wait_secs=1
+    )
+    assert code is None
+    assert "evaluator: no new checkpoint in 1 s" in capsys.readouterr().out
+
+
 def test_positions_of_other_shares_are_not_restored_and_a_line_says_so(tmp_path, capsys):
     """docs/own_model.md: a restart with other replicas or towers reads its new share from the start."""
     assert fit_once(tmp_path, reading_model.loss_fn).global_step == 4  # one tower: saves input-r1t1-*
