@@ -11,6 +11,7 @@ docs/configuration.md ("Every value runs"), which a test here reads.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -45,6 +46,7 @@ RUNS = {
     "clip_where": ["replica", "aggregate"],
     "preempt_secs": [0.5],
     "wait_log_secs": [0.5],
+    "replica_memory_bytes": [2**30],
 }
 # RunSettings field -> values refused in one line (None wherever None is not a documented value).
 REFUSED = {
@@ -65,6 +67,7 @@ REFUSED = {
     "clip_where": ["everywhere", None],
     "preempt_secs": [0, None],
     "wait_log_secs": [0, None],
+    "replica_memory_bytes": [0, 2.5],
 }
 # Strategy -> knob -> values that run in one process besides the default; companions a value needs are
 # added by _knobs.
@@ -229,6 +232,12 @@ def test_keep_checkpoints_keeps_that_many_or_all(tmp_path, capsys):
     assert_trained(run_fit(tmp_path / "all", save_checkpoint_steps=1, keep_checkpoints=None), capsys)
     steps = sorted(int(re.search(r"-(\d+)\.", name)[1]) for name in _checkpoints(tmp_path / "all"))
     assert steps == list(range(STEPS + 1)), steps  # step 0's, one per step, and the end's
+
+
+def test_every_field_has_its_values_here():
+    """A field added to RunSettings without its values here (and in the docs) fails this."""
+    fields = {f.name for f in dataclasses.fields(disttrain.RunSettings)}
+    assert set(RUNS) == fields and set(REFUSED) == fields, fields ^ set(RUNS)
 
 
 def test_docs_list_every_value_and_this_test():
