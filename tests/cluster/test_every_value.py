@@ -47,6 +47,7 @@ TWO_WAYS = {
     "wait_log_secs": (0.5, 10),
     "preempt_secs": (0.5, 20),
     "clip_norm": (None, 1.0),
+    "peer_wait_secs": (30, 120),
 }
 QUIET = {name: values[0] for name, values in TWO_WAYS.items()}
 BUSY = {name: values[1] for name, values in TWO_WAYS.items()} | {"clip_where": "replica"}

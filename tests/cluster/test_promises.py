@@ -72,7 +72,10 @@ def test_nan_on_one_all_reduce_replica_ends_it_with_3_and_its_peer_with_150(tmp_
     codes = run_all(procs, tmp_path, timeout=180)
     assert codes == {"worker_0": EXIT_TRANSIENT, "worker_1": EXIT_DIVERGED}, (codes, logs(tmp_path))
     last = {name: (tmp_path / f"{name}.log").read_text().strip().splitlines()[-1] for name in codes}
-    assert re.match(r"disttrain: error: loss became NaN or Inf after global step \d+", last["worker_1"]), last
+    # The loss and the gradients computed from it are both checked: whichever check ran first says so.
+    assert re.match(
+        r"disttrain: error: (loss|gradient of w) became NaN or Inf after global step \d+", last["worker_1"]
+    ), last
     assert "/job:worker/task:1" in last["worker_0"] and last["worker_0"].startswith(
         "disttrain: error: lost"
     ), last
@@ -83,9 +86,10 @@ def test_nan_on_one_all_reduce_replica_ends_it_with_3_and_its_peer_with_150(tmp_
 def reading_cluster(tmp_path, spec: dict, num_ps: int) -> LocalCluster:
     """A LocalCluster of `python -m tests.reading_model` tasks, 2 workers, restarting what dies.
 
-    As an orchestrator would: a second apart, up to 5 times (a replica
+    As an orchestrator would: a second apart, up to 10 times (a replica
     restarted before its all-reduce peer has seen it go is refused by the
-    group, exits 150, and is started again).
+    group, exits 150, and is started again until the peer's watchdog has
+    ended the peer's stuck step too).
     """
     run = tmp_path / "run.json"
     run.write_text(json.dumps(dict(spec, logdir=str(tmp_path / "logdir"))))
@@ -99,7 +103,7 @@ def reading_cluster(tmp_path, spec: dict, num_ps: int) -> LocalCluster:
         str(tmp_path / "logdir"),
         num_ps=num_ps,
         num_workers=2,
-        max_restarts=5,
+        max_restarts=10,
         restart_delay_secs=1.0,
         popen=popen,
     )
@@ -190,7 +194,12 @@ def test_input_positions_saved_by_time_resume_after_a_kill(tmp_path, strategy):
         strategy=strategy,
         knobs={},
         steps=200,
-        settings={"log_every_steps": 5, "save_checkpoint_steps": None, "save_checkpoint_secs": 1.0},
+        settings={
+            "log_every_steps": 5,
+            "save_checkpoint_steps": None,
+            "save_checkpoint_secs": 1.0,
+            "peer_wait_secs": 20,  # the watchdog's bound on a step stuck on a lost all-reduce peer
+        },
         record=str(read),
     )
     cluster = reading_cluster(tmp_path, spec, num_ps=0 if strategy == "SyncAllReduce" else 1).start()

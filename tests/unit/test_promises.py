@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import disttrain
+from disttrain import metrics, trainer
 from disttrain.cluster import EVALUATOR, Cluster
 from disttrain.local import LocalCluster, task_process_options
 from tests import reading_model
@@ -137,6 +138,18 @@ def test_an_evaluator_that_gets_no_checkpoint_says_so_and_ends(tmp_path, capsys)
     )
     assert code is None
     assert "evaluator: no new checkpoint in 1 s" in capsys.readouterr().out
+
+
+def test_without_checkpoints_a_late_replica_knows_training_is_over_from_the_chiefs_result(tmp_path):
+    """Its peers gone, a replica exits 0, not 150, once the chief finished, no checkpoint saying so."""
+    cluster = Cluster.from_hosts("worker", 1, ["p:1"], ["w0:1", "w1:1"])
+    strategy = disttrain.SyncParameterServer(cluster, backup_workers=1)
+    settings = disttrain.RunSettings(save_checkpoint_steps=None, save_checkpoint_secs=None)
+    watchdog = trainer.replica_watchdog(cluster, strategy, settings, str(tmp_path), steps=16)
+    assert not watchdog._over()  # nothing yet: the chief has not finished
+    trainer.write_result(str(tmp_path), "worker", 0, metrics.TaskThroughput("chief", True, 16, 16))
+    assert watchdog._over()
+    assert not trainer.replica_watchdog(cluster, strategy, settings, str(tmp_path), steps=17)._over()
 
 
 def test_positions_of_other_shares_are_not_restored_and_a_line_says_so(tmp_path, capsys):
