@@ -94,13 +94,13 @@ class PrivateNetwork:
         if self.holder is None:
             return
         holder, self.holder = self.holder, None
-        if holder.poll() is None:
-            holder.stdin.close()
-            try:
-                holder.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.wait()
+        holder.stdin.close()  # the holder's cue to exit
+        try:
+            holder.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
 
     def __enter__(self) -> PrivateNetwork:
         if not self.open():
