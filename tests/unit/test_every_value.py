@@ -91,6 +91,12 @@ KNOBS = {
         "communication_hint": ["ring", "nccl"],
         "num_towers": [2],
     },
+    "SyncHybrid": {
+        "bucket_bytes": [1],
+        "transfer_dtype": ["float16", "bfloat16"],
+        "piece_bytes": [64],
+        "num_towers": [2],
+    },
 }
 # Strategy knobs refused in one line: (strategy, knobs, what the line names).
 REFUSED_KNOBS = [
@@ -106,6 +112,8 @@ REFUSED_KNOBS = [
     ("SyncAllReduce", {"max_subdivs": 0}, "max_subdivs must be >= 1"),
     ("SyncAllReduce", {"communication_hint": "tcp"}, "communication_hint='tcp'"),
     ("SyncAllReduce", {"autotune": True, "autotune_runs": 0}, "autotune_runs must be >= 1"),
+    ("SyncHybrid", {"bucket_bytes": 0}, "bucket_bytes must be >= 1"),
+    ("SyncHybrid", {"piece_bytes": 0}, "piece_bytes must be >= 1"),
 ]
 
 
@@ -208,8 +216,9 @@ def test_each_impossible_strategy_knob_is_refused_in_one_line(tmp_path, capsys, 
     assert_refused(run_fit(tmp_path, built), capsys, named)
 
 
-def test_aggregate_clipping_is_refused_where_nothing_aggregates(tmp_path, capsys):
-    code = run_fit(tmp_path, disttrain.AsyncParameterServer, clip_norm=1.0, clip_where="aggregate")
+@pytest.mark.parametrize("strategy", ["AsyncParameterServer", "SyncHybrid"])
+def test_aggregate_clipping_is_refused_where_no_one_aggregate_exists(tmp_path, capsys, strategy):
+    code = run_fit(tmp_path, getattr(disttrain, strategy), clip_norm=1.0, clip_where="aggregate")
     assert_refused(code, capsys, "clip_where='aggregate'")
 
 
