@@ -8,6 +8,7 @@ library below never reads flags or gin.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
@@ -81,11 +82,48 @@ def train_config(gin_files, gin_params) -> TrainConfig:
             gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=False)
         finally:
             logging.disable(logging.NOTSET)
-        return configurables.train_config().validate()
+        config = configurables.train_config().validate()
+        unset = _unset_argument()
     except DisttrainError as e:
         fail(str(e), e.exit_code)
     except Exception as e:  # noqa: BLE001  anything gin or a constructor raises is a config error
         fail(f"bad gin config: {_gin_error(e)}")
+    if unset:
+        fail(unset)
+    return config
+
+
+# The TrainConfig fields the launcher calls, and how many positional arguments it passes them
+# (the cluster; model, batch size, replica index, replicas); gin must bind every other required one.
+_CALLED_WITH = {"optimizer": 0, "strategy": 1, "input_fn": 4, "eval_input_fn": 4}
+
+
+def _unset_argument() -> str | None:
+    """The line naming a required argument that neither gin nor the launcher gives a bound callable.
+
+    `TrainConfig.optimizer = @SGD` without `SGD.learning_rate` would fail only
+    once the graph is built, in a traceback that names gin's internals.
+    """
+    bound = gin.get_bindings("TrainConfig", resolve_references=False)
+    for field, passed in _CALLED_WITH.items():
+        ref = bound.get(field)
+        if not isinstance(ref, gin.config.ConfigurableReference) or ref.evaluate:
+            continue
+        parameters = list(inspect.signature(ref.configurable.wrapped).parameters.values())
+        required = [
+            p.name
+            for p in parameters[passed:]
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        given = gin.get_bindings(ref.scoped_selector)
+        for name in required:
+            if name not in given:
+                what = f"{ref.configurable.name}.{name}"
+                return (
+                    f"gin: {what} is not set, and TrainConfig.{field} = @{ref.scoped_selector} needs it: "
+                    f"bind it (--gin_param={what}=...)"
+                )
+    return None
 
 
 def dry_run(cluster: cluster_lib.Cluster, config: TrainConfig) -> int:
@@ -111,10 +149,24 @@ def run(cluster: cluster_lib.Cluster, config: TrainConfig, logdir: str) -> int:
 
 
 def launch_local(
-    gin_files, gin_params, num_ps, num_workers, chief, evaluator, logdir, timeout, max_restarts=0
+    gin_files,
+    gin_params,
+    num_ps,
+    num_workers,
+    chief,
+    evaluator,
+    logdir,
+    timeout,
+    max_restarts=0,
+    private_network=True,
 ) -> int:
-    """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task."""
+    """bin/launch_local.py: run a local cluster, echo the chief, summarise, exit like the worst task.
+
+    With `private_network`, the tasks run in a network namespace of their
+    own (root only; otherwise it says what is exposed, and goes on).
+    """
     from disttrain import local
+    from disttrain.private_network import PrivateNetwork
 
     if not gin_files:
         fail("no --gin_file given: pass one, e.g. --gin_file=mlp_async.gin")
@@ -122,17 +174,41 @@ def launch_local(
         fail(
             f"need at least one replica and no negative counts: --num_ps={num_ps} --num_workers={num_workers}"
         )
-    cluster = local.LocalCluster(
-        gin_files,
-        logdir,
-        num_ps,
-        num_workers,
-        chief,
-        evaluator,
-        gin_params,
-        max_restarts=max_restarts,
-        on_event=lambda message: print(message, flush=True),
-    )
+    network = PrivateNetwork()
+    if private_network and network.open():
+        print("tasks in a network namespace of their own (loopback only): nothing else reaches them")
+    else:
+        why = f" (no private network: {network.why_not})" if private_network else ""
+        print(
+            f"tasks on this machine's network{why}: TensorFlow's servers listen on every interface and "
+            "run whatever they are sent, so anyone who reaches this machine reaches them; firewall "
+            "their ports, or run as root for a private network",
+            flush=True,
+        )
+    try:
+        return _run_local(
+            local.LocalCluster(
+                gin_files,
+                logdir,
+                num_ps,
+                num_workers,
+                chief,
+                evaluator,
+                gin_params,
+                max_restarts=max_restarts,
+                on_event=lambda message: print(message, flush=True),
+                popen=network.popen if network.holder else None,
+            ),
+            logdir,
+            timeout,
+        )
+    finally:
+        network.close()
+
+
+def _run_local(cluster, logdir: str, timeout) -> int:
+    from disttrain import local
+
     follower = local.LogFollower(cluster.chief_task.log_path)
 
     def echo():

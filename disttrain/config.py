@@ -8,30 +8,88 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
-from disttrain.clipping import Clip
+from disttrain.clipping import WHERE
 from disttrain.errors import ConfigError
+
+
+class _Accepts(NamedTuple):
+    """The values one setting accepts: numbers of `kind` from `least` (excluded when `above`), or bool."""
+
+    kind: type
+    least: float = 0
+    above: bool = False
+    none: str = ""  # what None means, when None is a value of the setting
+    unit: str = ""
+
+    def problem(self, value) -> str:
+        """What is wrong with `value` ('' when nothing is)."""
+        if value is None and self.none:
+            return ""
+        if self.kind is bool:
+            return "" if isinstance(value, bool) else "must be True or False"
+        number = isinstance(value, int) if self.kind is int else isinstance(value, int | float)
+        number = number and not isinstance(value, bool)
+        bound = f"{'>' if self.above else '>='} {self.least:g}{self.unit}"
+        none = f" (None: {self.none})" if self.none else ""
+        if not number:
+            return f"must be {'an integer' if self.kind is int else 'a number'} {bound}{none}"
+        if value > self.least if self.above else value >= self.least:
+            return ""
+        return f"must be {bound}{none}"
+
+
+# What each numeric or boolean RunSettings field accepts (RunSettings' docstring says what each value does).
+_ACCEPTS = {
+    "log_every_steps": _Accepts(int, 1),
+    "save_checkpoint_steps": _Accepts(int, 1, none="no step-based checkpoints"),
+    "save_checkpoint_secs": _Accepts(float, 0, above=True, none="no time-based checkpoints", unit=" seconds"),
+    "keep_checkpoints": _Accepts(int, 1, none="all are kept"),
+    "intra_op_threads": _Accepts(int, 0),
+    "inter_op_threads": _Accepts(int, 0),
+    "peer_wait_secs": _Accepts(float, 0, above=True, unit=" seconds"),
+    "ps_linger_secs": _Accepts(float, 0, unit=" seconds"),
+    "check_numerics": _Accepts(bool),
+    "decay_threshold": _Accepts(float, 0),
+    "decay_window": _Accepts(int, 1),
+    "trace_steps": _Accepts(int, 0),
+    "stall_steps": _Accepts(int, 0, none="three logging intervals"),
+    "clip_norm": _Accepts(float, 0, above=True, none="no clipping"),
+    "preempt_secs": _Accepts(float, 0, above=True, unit=" seconds"),
+    "wait_log_secs": _Accepts(float, 0, above=True, unit=" seconds"),
+    "replica_memory_bytes": _Accepts(int, 1, none="no limit"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """How a run goes, whatever the model.
 
-    log_every_steps: console line and TensorBoard scalars every N local steps.
+    Every value named below runs; anything else (a wrong type, a value out of
+    range, None where None is not named) is refused by `validate` with one
+    ConfigError line naming the setting.
+
+    log_every_steps: console line and TensorBoard scalars every N local steps (>= 1).
     save_checkpoint_steps / save_checkpoint_secs: the chief's checkpoint
-      interval (steps win when set; both None: no checkpoints are written);
-      keep_checkpoints: how many are kept.
+      interval, in steps (>= 1) or seconds (> 0); steps win when both are set.
+      Both None: no checkpoints are written, and no input positions either
+      (a restart starts from the latest checkpoint already in the log
+      directory, if any, or from scratch; a position saved with that
+      checkpoint is still restored).
+    keep_checkpoints: how many checkpoints are kept (>= 1; None: all).
     intra_op_threads / inter_op_threads: TF's thread pools (0: TF's default).
     peer_wait_secs: how long a task waits for an unreachable peer before it
-      exits with the transient code (150; 0 when training is over); also
-      how long past its threshold a step may wait with every peer reachable
-      before the task's watchdog takes it for hung (docs/faults.md).
+      exits with the transient code (> 0; 150, or 0 when training is over);
+      also how long past its threshold a step may wait with every peer
+      reachable before the task's watchdog takes it for hung (docs/faults.md).
     ps_linger_secs: how long a PS waits for the other replicas once the
-      chief has finished.
+      chief has finished (0: it leaves with the chief).
     check_numerics: a NaN or Inf loss or gradient fails the step before
-      anything is applied.
+      anything is applied (True or False).
     decay_threshold / decay_window: warn when a task's examples/sec stays
-      this far below its recent best for this many logging intervals.
+      this far below its recent best (a fraction; 0: never warn) for this
+      many logging intervals (>= 1).
     trace_steps: write a Chrome trace of this many steps of every replica
       (after its first logging interval) to <logdir>/tasks/<job>_<index>/;
       0: none.
@@ -39,27 +97,27 @@ class RunSettings:
       not moved in this many of its own steps (every strategy's step moves
       it: its own update, or the synchronous one it waited for); None: three
       logging intervals, at least 10 steps; 0: never.
-    clip_norm: clip the gradient by its global norm to this (None: no
+    clip_norm: clip the gradient by its global norm to this (> 0; None: no
       clipping); clip_where: 'replica' (this replica's gradient, before
       aggregation: every strategy) or 'aggregate' (the averaged gradient the
       update applies: SyncAllReduce, SyncParameterServer). See disttrain.clipping.
     preempt_secs: on SIGTERM (a preemption), a task ends within this many
-      seconds: replicas stop at a step boundary, the chief checkpoints that
-      step first; keep it below the orchestrator's grace period (Kubernetes:
-      30 s).
+      seconds (> 0): replicas stop at a step boundary, the chief checkpoints
+      that step first; keep it below the orchestrator's grace period
+      (Kubernetes: 30 s).
     replica_memory_bytes: the most bytes of variables (optimizer state
-      included) one replica may hold in its own memory; a model over it is
-      refused at start in one line naming its largest table (SyncHybrid
-      keeps tables on the PS tasks). None: no limit.
+      included) one replica may hold in its own memory (>= 1); a model over
+      it is refused at start in one line naming its largest table
+      (SyncHybrid keeps tables on the PS tasks). None: no limit.
     wait_log_secs: a task waiting for a peer (or a step waiting far longer
       than the ones before it) says whom, since when and until when, every
-      this many seconds.
+      this many seconds (> 0).
     """
 
     log_every_steps: int = 100
     save_checkpoint_steps: int | None = None
     save_checkpoint_secs: float | None = 600.0
-    keep_checkpoints: int = 5
+    keep_checkpoints: int | None = 5
     intra_op_threads: int = 0
     inter_op_threads: int = 0
     peer_wait_secs: float = 120.0
@@ -89,20 +147,12 @@ class RunSettings:
     def validate(self):
         """Raise ConfigError naming the first impossible setting; return self."""
         where = type(self).__name__
-        if self.log_every_steps < 1:
-            raise ConfigError(f"{where}.log_every_steps must be >= 1, got {self.log_every_steps}")
-        if self.stall_steps is not None and self.stall_steps < 0:
-            raise ConfigError(f"{where}.stall_steps must be >= 0 (0: never), got {self.stall_steps}")
-        if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
-            raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
-        if self.replica_memory_bytes is not None and self.replica_memory_bytes < 1:
-            raise ConfigError(
-                f"{where}.replica_memory_bytes must be >= 1 (None: no limit), got {self.replica_memory_bytes}"
-            )
-        Clip.of(self)  # ConfigError on an impossible clip_norm or clip_where
-        for name in ("preempt_secs", "wait_log_secs"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{where}.{name} must be > 0 seconds, got {getattr(self, name)}")
+        for name, accepts in _ACCEPTS.items():
+            problem = accepts.problem(getattr(self, name))
+            if problem:
+                raise ConfigError(f"{where}.{name} {problem}, got {getattr(self, name)!r}")
+        if self.clip_where not in WHERE:
+            raise ConfigError(f"{where}.clip_where must be 'replica' or 'aggregate', got {self.clip_where!r}")
         return self
 
     @property
@@ -148,7 +198,7 @@ class TrainConfig(RunSettings):
         for name in ("model", "strategy", "optimizer", "input_fn"):
             if getattr(self, name) is None:
                 raise ConfigError(f"TrainConfig.{name} is not set: bind it in a gin file")
-        for name in ("batch_size", "train_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("batch_size", "train_steps", "eval_steps"):
+            if problem := _Accepts(int, 1).problem(getattr(self, name)):
+                raise ConfigError(f"TrainConfig.{name} {problem}, got {getattr(self, name)!r}")
         return super().validate()

@@ -88,6 +88,12 @@ def evaluate_checkpoints(
             if step >= last_step:
                 break
         writer.close()
+    if not measured or measured[-1][0] < last_step:
+        log.warning(
+            f"evaluator: no new checkpoint in {wait_secs:.0f} s (none is written when both "
+            "save_checkpoint_steps and save_checkpoint_secs are None); stopping "
+            + (f"after step {measured[-1][0]}" if measured else "without evaluating one")
+        )
     return measured
 
 

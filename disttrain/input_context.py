@@ -262,7 +262,9 @@ class InputPositionHook(v1.train.SessionRunHook):
 
     Saved every `save_steps` local steps or `save_secs` seconds (as the
     chief's checkpoints), and at the end, under `directory` as
-    `input-r<replicas>t<towers>-<global step>`; the last `keep` are kept.
+    `input-r<replicas>t<towers>-<global step>`; the last `keep` are kept. With
+    both None (no checkpoints) nothing is saved: a position is worth keeping
+    only beside the model state it goes with.
     Restored after the session is created (a restart, or a session
     recovered after a lost PS): the newest position saved at or before the
     global step the model is at, so that what a restored checkpoint never
@@ -282,9 +284,11 @@ class InputPositionHook(v1.train.SessionRunHook):
         keep: int = 3,
     ):
         self._directory, self._context, self._global_step = directory, context, global_step
-        self._timer = v1.train.SecondOrStepTimer(
-            every_secs=None if save_steps else save_secs, every_steps=save_steps
-        )
+        self._timer = None  # never saves
+        if save_steps is not None or save_secs is not None:
+            self._timer = v1.train.SecondOrStepTimer(
+                every_secs=None if save_steps else save_secs, every_steps=save_steps
+            )
         self._keep, self._saver, self._steps = keep, None, 0
 
     def begin(self):
@@ -298,7 +302,8 @@ class InputPositionHook(v1.train.SessionRunHook):
         # The first save comes one interval in, not after the first step: a position saved there
         # protects no work, and it is the whole shuffle buffer (57 MB and 3.8 s for 8,000 small
         # images), paid inside the first seconds of training.
-        self._timer.update_last_triggered_step(0)
+        if self._timer is not None:
+            self._timer.update_last_triggered_step(0)
         if self._saver is None:
             return
         # The newest position the model has trained past: after a PS was lost the chief restores an
@@ -334,12 +339,12 @@ class InputPositionHook(v1.train.SessionRunHook):
             return
         self._steps += 1
         self._step = int(run_values.results)
-        if self._timer.should_trigger_for_step(self._steps):
+        if self._timer is not None and self._timer.should_trigger_for_step(self._steps):
             self._timer.update_last_triggered_step(self._steps)
             self._save(run_context.session)
 
     def end(self, session):
-        if self._saver is not None and self._steps:
+        if self._saver is not None and self._timer is not None and self._steps:
             self._save(session)
 
     def _save(self, session) -> None:

@@ -97,6 +97,8 @@ def fit(
         logs.to_console()
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
+        if ROLES[cluster.task_type] == SERVE:
+            refuse_what_replicas_refuse(strategy, cluster, settings)
         lives = {
             SERVE: lambda: serve(cluster, settings, logdir, steps),
             EVALUATE: lambda: _evaluate(
@@ -262,6 +264,22 @@ def make_strategy(strategy, cluster: Cluster) -> Strategy:
     return strategy(cluster)
 
 
+def refuse_what_replicas_refuse(strategy, cluster: Cluster, settings: RunSettings) -> None:
+    """On a PS: ConfigError for what the replicas refuse at start, so that it exits 2 with them.
+
+    The replicas build the strategy, which checks its knobs, and refuse an
+    aggregate clip it has no place for: they exit 2 at once. A PS that did
+    not refuse the same would serve for ever for replicas that never come.
+    (An evaluator waits for checkpoints `peer_wait_secs` at most.)
+    """
+    if not cluster.replica_jobs:
+        return
+    if not isinstance(strategy, Strategy):
+        job, index = cluster.replica_jobs[0]
+        strategy = make_strategy(strategy, Cluster(jobs=cluster.jobs, task_type=job, task_index=index))
+    strategy.check_clip(Clip.of(settings))
+
+
 @contextlib.contextmanager
 def errors_to_exit(cluster: Cluster | None = None):
     """Turn what ends a task into one line on stderr and the documented exit code.
@@ -278,9 +296,10 @@ def errors_to_exit(cluster: Cluster | None = None):
         tf.errors.AbortedError,
         tf.errors.InternalError,
         tf.errors.CancelledError,
+        tf.errors.FailedPreconditionError,
     ) as e:
         texts = [str(e.message or type(e).__name__)]
-        passed_on = isinstance(e, tf.errors.InternalError | tf.errors.CancelledError)
+        passed_on = not isinstance(e, tf.errors.UnavailableError | tf.errors.AbortedError)
         if passed_on and not servers.failed_with_a_peer(texts[0]):
             raise
         if cluster is None or cluster.is_local:

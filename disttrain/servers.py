@@ -185,17 +185,20 @@ _PEER_FAILED = re.compile(r"^(ABORTED|UNAVAILABLE): From /job:", re.M)
 
 
 def failed_with_a_peer(text: str) -> bool:
-    """Whether TF's InternalError or CancelledError text is a peer's failure passed on: transient.
+    """Whether the text of a TF InternalError, CancelledError or FailedPreconditionError is a lost peer.
 
     TF raises a step whose parts failed together as one of their errors. A
     peer that tore down its side of a collective (aborted itself, or
     restarted) answers with InternalError ("Collective ops is aborted by:
     Delete called on non-empty BufRendezvous ... from remote target ...");
     a part of this task cancelled beside a peer's ABORTED or UNAVAILABLE
-    comes up as CancelledError. Both are a lost or restarted peer, like the
-    Unavailable and Aborted errors themselves. A mismatch between the members
-    of a collective (shapes, group sizes) is the run's own fault and stays an
-    error.
+    comes up as CancelledError. A replica restarted while the group's leader
+    still holds the group of its previous life is refused with
+    FailedPreconditionError ("Collective ops is aborted by: Device ...
+    current incarnation doesn't match ... from remote target ..."). All are a
+    lost or restarted peer, transient like the Unavailable and Aborted errors
+    themselves. A mismatch between the members of a collective (shapes,
+    group sizes) is the run's own fault and stays an error.
     """
     if "mismatch" in text:
         return False

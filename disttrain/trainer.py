@@ -646,7 +646,10 @@ def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings
             needed.append((name, chief[name]))
 
     def over() -> bool:
-        return (recovery.checkpoint_step(v1.train.latest_checkpoint(logdir)) or -1) >= steps
+        step = recovery.checkpoint_step(v1.train.latest_checkpoint(logdir))
+        if step is None:  # no checkpoints (both intervals None): the chief's result records the end
+            step = chief_result_step(logdir, cluster)
+        return (step or -1) >= steps
 
     return watchdogs.Watchdog(
         cluster.task_name, needed, settings.peer_wait_secs, settings.wait_log_secs, over
@@ -666,7 +669,7 @@ def _watch_hooks(
             settings.save_checkpoint_steps,
             settings.save_checkpoint_secs,
             # One beside each kept checkpoint, so that a restore from any of them finds its position.
-            keep=settings.keep_checkpoints + 1,
+            keep=None if settings.keep_checkpoints is None else settings.keep_checkpoints + 1,
         )
     ]
     if strategy.no_data is not None:
@@ -699,6 +702,17 @@ def _session_creator(cluster: Cluster, scaffold, target, session_config, setting
         v1.train.get_global_step(),
         adopt=live,
     )
+
+
+def chief_result_step(logdir: str, cluster: Cluster) -> int | None:
+    """The global step in the chief's result.json (written as it finished), or None without one."""
+    job, index = cluster.replica_jobs[0] if cluster.replica_jobs else (cluster.task_type, cluster.task_index)
+    path = os.path.join(metrics.task_logdir(logdir, job, index), "result.json")
+    try:
+        with open(path) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def write_result(logdir: str, job: str, index: int, result: metrics.TaskThroughput) -> str:

@@ -12,7 +12,8 @@ one line and the documented exit code:
 
 - a needed peer unreachable for `peer_wait_secs` (a PS: every replica):
   "lost contact: ... is gone", exit 150, or 0 when training is over (the
-  chief's last checkpoint is at the last step: the peer finished);
+  chief's last checkpoint, or without checkpoints its result.json, is at
+  the last step: the peer finished);
 - a phase that may hang (a step, a session's close) that outlasts its
   threshold by `peer_wait_secs` with every peer reachable: TF's runtime
   did not return, exit 150 (a close after training ended normally: 0).
@@ -146,7 +147,7 @@ class Watchdog:
     def _end(self, message: str, code: int) -> None:
         if code != 0 and self._over():
             code = 0
-            message += "; training is over (the last checkpoint is at the last step)"
+            message += "; training is over (the last checkpoint, or the chief's result, is at the last step)"
         if code == 0:
             log.info(f"{self._task}: {message}: exiting")
         else:

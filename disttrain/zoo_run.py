@@ -119,6 +119,8 @@ def run(
     config.validate()
     preemption.install(config.preempt_secs)
     launch.set_process_threads(config.intra_op_threads, config.inter_op_threads)
+    if launch.ROLES[cluster.task_type] == launch.SERVE:
+        launch.refuse_what_replicas_refuse(config.strategy, cluster, config)
     life = _LIVES[launch.ROLES[cluster.task_type]]
     return life(cluster, config, logdir, on_built)
 

@@ -5,6 +5,9 @@
 Each task logs to <logdir>/logs/<job>_<index>.log; the chief's progress is
 echoed here. Ctrl-C or any task's failure stops every task. Ends with a
 summary: steps, examples/sec per task and for the cluster, where the logs are.
+Run as root, the tasks share a network namespace of their own with only a
+loopback: TensorFlow's servers listen on every interface and run whatever
+they are sent, and there nobody else can reach them.
 `python bin/launch_local.py ...` is the same command from a checkout.
 """
 
@@ -23,6 +26,13 @@ flags.DEFINE_float("timeout", None, "Stop everything after this many seconds.")
 flags.DEFINE_integer(
     "max_restarts", 0, "Restart a task that dies by a signal or a transient exit code this often."
 )
+flags.DEFINE_boolean(
+    "private_network",
+    True,
+    "Run the tasks in a network namespace whose only interface is loopback, unreachable from "
+    "elsewhere (needs root; without it they share this machine's network). --noprivate_network "
+    "shares it anyway, e.g. for input read from remote storage.",
+)
 FLAGS = flags.FLAGS
 
 
@@ -39,6 +49,7 @@ def main(argv):
         FLAGS.logdir,
         FLAGS.timeout,
         FLAGS.max_restarts,
+        FLAGS.private_network,
     )
 
 

@@ -488,13 +488,17 @@ class Strategy(abc.ABC):
         with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
             return self.apply_gradients(optimizer, grads_and_vars, global_step)
 
-    def _take_clip(self, clip: Clip | None) -> None:
-        """Refuse an aggregate clip this strategy has no place for; note the norm for clip_aggregate."""
+    def check_clip(self, clip: Clip | None) -> None:
+        """Refuse (ConfigError) an aggregate clip this strategy has no place for."""
         if clip is not None and clip.where == "aggregate" and self.aggregate_clipped_at is None:
             raise ConfigError(
                 f"clip_where='aggregate': {type(self).__name__} never aggregates gradients (each "
                 "replica's update is applied alone); use clip_where='replica'"
             )
+
+    def _take_clip(self, clip: Clip | None) -> None:
+        """Refuse an aggregate clip this strategy has no place for; note the norm for clip_aggregate."""
+        self.check_clip(clip)
         self._aggregate_clip = clip.norm if clip is not None and clip.where == "aggregate" else None
 
     def _plan_from_loss(self, loss) -> None:

@@ -73,6 +73,12 @@ def test_unknown_gin_binding(binding, named):
     check_one_line(r, EXIT_CONFIG, "bad gin config", named)
 
 
+def test_a_required_argument_left_unset_is_named(tmp_path):
+    """The issue's command: gin's 30-line traceback ('Caller supplied values for: ['self']'), exit 1."""
+    args = ["--gin_file=gin/mlp_async.gin", "--gin_param=TrainConfig.optimizer=@SGD", f"--logdir={tmp_path}"]
+    check_one_line(train_py(args, env=env_with()), EXIT_CONFIG, "SGD.learning_rate is not set")
+
+
 def test_port_already_in_use():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

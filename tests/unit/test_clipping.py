@@ -68,5 +68,5 @@ def test_sparse_rows_named_twice_count_once_in_the_norm():
 def test_settings_refuse_an_impossible_clip():
     with pytest.raises(ConfigError, match="clip_norm must be > 0"):
         RunSettings.of(clip_norm=0.0)
-    with pytest.raises(ConfigError, match="clip_where='everywhere'"):
+    with pytest.raises(ConfigError, match="clip_where must be 'replica' or 'aggregate', got 'everywhere'"):
         RunSettings.of(clip_norm=1.0, clip_where="everywhere")

@@ -377,10 +377,32 @@ The same RunGraph (Worker) request was received twice. goo.gle/debugproto    gra
 """
 
 
+# All-reduce, 2 workers (tests/cluster/test_promises.py): worker 1 SIGKILLed and restarted while
+# worker 0, the group's leader, still waited in the step it had begun with worker 1's first life.
+# The restarted worker 1's broadcast of the initial variables raised this, and it exited 1 with a
+# traceback, a code no orchestrator restarts.
+INCARNATION = r"""Graph execution error:
+
+Detected at node 'broadcast_variables/CollectiveBcastRecvV2_1' defined at (most recent call last):
+Node: 'broadcast_variables/CollectiveBcastRecvV2_1'
+From /job:worker/replica:0/task:1:
+Collective ops is aborted by: Device /job:worker/replica:0/task:1/device:CPU:0 current incarnation \
+doesn't match with one in the group. This usually means this worker has restarted but the collective \
+leader hasn't, or this worker connects to a wrong cluster.
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling \
+/tensorflow.WorkerService/CompleteGroup:
+:UNKNOWN:Error received from peer  {grpc_status:9, grpc_message:"Device /job:worker/replica:0/task:1/\
+device:CPU:0 current incarnation doesn't match with one in the group."}
+The error could be from a previous operation. Restart your program to reset.
+	 [[{{node broadcast_variables/CollectiveBcastRecvV2_1}}]]
+""".replace("\\\n", "")
+
+
 @pytest.mark.parametrize(
     "error, text, lost",
     [
         (tf.errors.InternalError, COLLECTIVE_ABORTED, "/job:worker/task:0 is gone"),
+        (tf.errors.FailedPreconditionError, INCARNATION, "/job:worker/task:0 is gone"),
         # "From /job:..." names where TF saw an error, not whom it lost: no task is guessed.
         (
             tf.errors.CancelledError,
@@ -404,6 +426,7 @@ def test_any_other_internal_or_cancelled_error_stays_an_error():
         (tf.errors.InternalError, "Graph execution error: something TF did not expect"),
         (tf.errors.InternalError, mismatch),
         (tf.errors.CancelledError, "Graph execution error:\n\nCANCELLED: Session has been closed."),
+        (tf.errors.FailedPreconditionError, "Graph execution error: Attempting to use uninitialized value w"),
     ]:
         with pytest.raises(error), cli.errors_to_exit():
             raise error(None, None, text)
