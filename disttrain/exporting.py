@@ -210,12 +210,20 @@ def find_checkpoint(logdir: str, checkpoint: str | None) -> str:
 
 
 def checkpoint_version(path: str) -> int:
-    """The version number of an export of `path`: its global step, its `-N` suffix, or the time."""
+    """The version number of an export of `path`: its `-N` suffix, else its global_step, else the time.
+
+    The suffix first: under asynchronous training other replicas move the
+    global step while the chief saves, so the value stored can be a step or
+    two past the name the checkpoint was saved under, and a user looks for
+    `model.ckpt-17`'s export under version 17.
+    """
+    step = recovery.checkpoint_step(path)
+    if step is not None:
+        return step
     reader = tf.train.load_checkpoint(path)
     if reader.has_tensor("global_step"):
         return int(reader.get_tensor("global_step"))
-    step = recovery.checkpoint_step(path)
-    return step if step is not None else int(time.time())
+    return int(time.time())
 
 
 def _placeholder(name: str, spec: tf.TypeSpec):

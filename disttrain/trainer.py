@@ -113,9 +113,9 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
     `say_every_secs` of waiting it says since when and until when.
     """
 
-    def __init__(self, scaffold, master, config, max_wait_secs, say_every_secs=10.0):
+    def __init__(self, scaffold, master, config, max_wait_secs, say_every_secs=10.0, watchdog=None):
         self._scaffold, self._master, self._config, self._max_wait = scaffold, master, config, max_wait_secs
-        self._say_every = say_every_secs
+        self._say_every, self._watchdog = say_every_secs, watchdog
 
     def create_session(self):
         self._scaffold.finalize()
@@ -131,10 +131,12 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
         deadline = start + self._max_wait
         while True:  # in rounds, to say whom it waits for while it waits
             left = deadline - time.monotonic()
+            round_secs = max(0.5, min(self._say_every, left))
             try:
-                return manager.wait_for_session(
-                    self._master, config=self._config, max_wait_secs=max(0.5, min(self._say_every, left))
-                )
+                # A round's polls each return at once, unless a peer froze mid-call (its port still
+                # open): then the round is judged hung, as a step would be.
+                with self._bounded(f"waiting for the chief's variables (rounds of {round_secs:.0f} s)", round_secs):
+                    return manager.wait_for_session(self._master, config=self._config, max_wait_secs=round_secs)
             except tf.errors.DeadlineExceededError:
                 left = deadline - time.monotonic()
                 if left > 0:
@@ -147,6 +149,11 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
                 f"the chief did not initialise the variables within {self._max_wait:.0f} s "
                 "(is the chief running? raise TrainConfig.peer_wait_secs if it is slow to start)"
             ) from None
+
+    def _bounded(self, what: str, round_secs: float):
+        if self._watchdog is None:
+            return contextlib.nullcontext()
+        return self._watchdog.bounded(what, round_secs + self._max_wait)
 
     def _example(self) -> str:
         """' (e.g. NAME, 3 in all)': what is not initialised yet, or '' if that cannot be read now."""
@@ -256,9 +263,12 @@ class StepWatch(v1.train.SessionRunHook):
     a queue). A step is judged once it has run `factor` times the longest of
     the last steps, and at least `min_secs`; the first step of each session
     (start-up, graph optimisation, a recovery: where the sync PS chaos soak
-    once hung for good, unseen) after `first_secs`. Between steps (hooks'
-    own runs, such as checkpoints, and a loop of the user's own) only a lost
-    peer ends the task.
+    once hung for good, unseen) after `first_secs`. The hooks after a step
+    (checkpoints, summaries: runs on the PS tasks, which hang on a frozen
+    PS as a step does) are judged from this hook's `after_run` to the
+    `Done` hook's, which runs last: after `first_secs`, or `factor` times
+    the longest they took. Between steps (a loop of the user's own) only a
+    lost peer ends the task.
     """
 
     def __init__(
@@ -270,6 +280,7 @@ class StepWatch(v1.train.SessionRunHook):
     ):
         self._watchdog, self._min, self._factor, self._first = watchdog, min_secs, factor, first_secs
         self._recent: collections.deque[float] = collections.deque(maxlen=100)
+        self._hooks_longest = 0.0  # the longest the hooks after a step took
         self._started = 0.0
         self._steps = 0
 
@@ -293,11 +304,26 @@ class StepWatch(v1.train.SessionRunHook):
     def after_run(self, run_context, run_values):
         self._recent.append(time.monotonic() - self._started)
         self._steps += 1
+        self._started = time.monotonic()
+        threshold = max(self._first, self._factor * self._hooks_longest)
+        self._watchdog.enter(f"the hooks after step {self._steps} (checkpoints, summaries)", threshold, may_hang=True)
+
+    def hooks_done(self) -> None:
+        self._hooks_longest = max(self._hooks_longest, time.monotonic() - self._started)
         longest = max(self._recent)
         self._watchdog.enter(f"after step {self._steps}", max(self._min, self._factor * longest))
 
     def end(self, session):
         self._watchdog.leave()
+
+    class Done(v1.train.SessionRunHook):
+        """The last hook: the hooks after a step have returned."""
+
+        def __init__(self, watch: StepWatch):
+            self._watch = watch
+
+        def after_run(self, run_context, run_values):
+            self._watch.hooks_done()
 
 
 class _LostPeerLog(logging.Filter):
@@ -525,9 +551,11 @@ def monitored_session(
                 scaffold=scaffold,
             )
         )
+    # Last: the hooks after a step (the checkpoint saver's included) have returned.
+    all_hooks.append(StepWatch.Done(next(h for h in all_hooks if isinstance(h, StepWatch))))
     # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
     live = bool(notices) and strategy.adopts_live_ps_state
-    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live)
+    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live, watchdog)
     watchdog.start().enter("creating the session", settings.peer_wait_secs)
     with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
         creator = _Reconnecting(creator, on_reconnect, lost_peer_log, watchdog, settings.peer_wait_secs)
@@ -686,11 +714,13 @@ def _watch_hooks(
     return hooks
 
 
-def _session_creator(cluster: Cluster, scaffold, target, session_config, settings: RunSettings, logdir, live):
+def _session_creator(
+    cluster: Cluster, scaffold, target, session_config, settings: RunSettings, logdir, live, watchdog
+):
     """The chief's creator (restores, or adopts `live` PS state) or a worker's (waits for the chief)."""
     if not cluster.is_chief:
         return _WorkerSessionCreator(
-            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs
+            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs, watchdog
         )
     check_restorable(usable_checkpoint(logdir), v1.global_variables())
     return recovery.ChiefSessionCreator(

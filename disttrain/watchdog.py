@@ -25,6 +25,7 @@ while a phase is past its threshold, so a healthy run costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -91,6 +92,19 @@ class Watchdog:
         with self._lock:
             self._phase = _Phase(what, time.monotonic(), threshold_secs, may_hang, hung_code)
             self._down_since.clear()
+
+    @contextlib.contextmanager
+    def bounded(self, what: str, threshold_secs: float):
+        """A call that returns within `threshold_secs` unless it hangs; the phase before it comes back after."""
+        with self._lock:
+            before = self._phase
+        self.enter(what, threshold_secs, may_hang=True)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._phase = before
+                self._down_since.clear()
 
     def leave(self) -> None:
         """The loop is not waiting on anything the watchdog judges."""

@@ -129,3 +129,57 @@ def test_a_step_stuck_on_a_queue_is_said_then_ended_and_normal_steps_are_not(cap
     lines = [r.getMessage() for r in caplog.records if "watchdog" in r.threadName]
     assert lines and "step 7 of this task" in lines[0] and "every peer reachable" in lines[0], lines
     up.close()
+
+
+class StuckAfterStep(v1.train.SessionRunHook):
+    """A hook whose after_run (a checkpoint save, say) waits on a queue once armed: a frozen PS."""
+
+    def __init__(self, take):
+        self.take, self.armed = take, False
+
+    def after_create_session(self, session, coord):
+        self.session = session
+
+    def after_run(self, run_context, run_values):
+        if self.armed:
+            run_context.session.run(self.take)
+
+
+def test_the_hooks_after_a_step_are_judged_until_the_last_hook_and_a_loop_between_steps_is_not(caplog):
+    up, address = listening()
+    w, exits = dog([("/job:ps/task:0", address)], wait=1.0)
+    with tf.Graph().as_default():
+        queue = tf.queue.FIFOQueue(10, tf.float32)
+        take, put, noop = queue.dequeue(), queue.enqueue(1.0), tf.constant(0)
+        watch = trainer.StepWatch(w, min_secs=0.5, factor=10, first_secs=1.0)
+        stuck = StuckAfterStep(take)
+        with caplog.at_level(logging.WARNING), v1.train.MonitoredSession(
+            hooks=[watch, stuck, trainer.StepWatch.Done(watch)]
+        ) as session:
+            for _ in range(3):
+                session.run(noop)
+            time.sleep(3.0)  # the user's own loop between steps: not judged while every peer answers
+            assert not exits.done.is_set()
+            stuck.armed = True
+            release = threading.Thread(target=lambda: exits.done.wait(20) and stuck.session.run(put))
+            release.start()  # once ended (the exit here only records), the hook may return
+            session.run(noop)  # its hooks do not return: judged after 1 s, ended 1 s later
+            release.join()
+    assert exits.codes == [150], exits.codes
+    lines = [r.getMessage() for r in caplog.records if "watchdog" in r.threadName]
+    assert lines and "the hooks after step 4" in lines[0], lines
+    up.close()
+
+
+def test_a_bounded_call_is_judged_as_hung_and_the_phase_before_it_comes_back():
+    up, address = listening()
+    w, exits = dog([("/job:ps/task:0", address)], wait=0.5)
+    w.enter("creating the session", threshold_secs=60)
+    with w.bounded("waiting for the chief's variables", 0.2):
+        pass  # returned at once: nothing judged
+    time.sleep(1.5)
+    assert not exits.done.is_set()  # the phase before (60 s) is back
+    with w.bounded("waiting for the chief's variables", 0.2):
+        assert exits.done.wait(10)  # a call that does not return: ended
+    assert exits.codes == [150]
+    up.close()
