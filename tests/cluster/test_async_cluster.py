@@ -1,4 +1,4 @@
-"""Async PS on real clusters: a separate chief and an evaluator, overlap's traces, a finished run restarted.
+"""Async PS on real clusters: overlap's traces, a separate chief and an evaluator, a finished run restarted.
 
 The main job (2 PS, 2 workers: what TensorBoard, the traces and the results
 say) is README's main command, tests/cluster/test_main_job.py.
@@ -19,17 +19,17 @@ pytestmark = pytest.mark.cluster
 MLP = ["gin/mlp_async.gin", TINY]
 
 
-@pytest.fixture(scope="module")
-def chief_evaluator_overlap(tmp_path_factory):
-    """A separate chief, 1 worker, 1 PS and an evaluator, with overlap and 3 traced steps: one run
-    that the chief-and-evaluator test and the overlap-trace test both read."""
+def test_overlap_trace_shows_the_transfer_loop_beside_the_step(tmp_path):
+    """With overlap a step never touches the PS: its trace must carry the loop's rounds too.
+
+    One worker, so that it runs every step and the traced ones (a second replica, e.g. a separate
+    chief, may take all the steps the trace waits for).
+    """
     cluster, codes = run_cluster(
-        tmp_path_factory.mktemp("chief_evaluator_overlap"),
+        tmp_path,
         MLP,
         num_ps=1,
         num_workers=1,
-        chief=True,
-        evaluator=True,
         gin_params=[
             "TrainConfig.train_steps=40",
             "TrainConfig.log_every_steps=10",
@@ -38,20 +38,8 @@ def chief_evaluator_overlap(tmp_path_factory):
             "AsyncParameterServer.piece_bytes=4096",
         ],
     )
-    assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
-    return cluster
-
-
-def test_separate_chief_and_evaluator(chief_evaluator_overlap):
-    cluster = chief_evaluator_overlap
-    assert set(read_results(cluster.logdir)) == {"chief_0", "worker_0"}
-    assert scalars(os.path.join(cluster.logdir, "eval"), "eval/loss")
-
-
-@pytest.mark.parametrize("replica", ["chief_0", "worker_0"])
-def test_overlap_trace_shows_the_transfer_loop_beside_the_step(chief_evaluator_overlap, replica):
-    """With overlap a step never touches the PS: its trace must carry the loop's rounds too."""
-    traces = glob.glob(os.path.join(chief_evaluator_overlap.logdir, "tasks", replica, "trace_step_*.json"))
+    assert all(code == 0 for code in codes.values()), describe_failure(cluster) + str(codes)
+    traces = glob.glob(os.path.join(cluster.logdir, "tasks", "worker_0", "trace_step_*.json"))
     assert len(traces) == 3
     ops = []
     for trace in traces:
@@ -60,6 +48,21 @@ def test_overlap_trace_shows_the_transfer_loop_beside_the_step(chief_evaluator_o
     assert ("pull", "AssignVariableOp") in names  # the loop's pulls into the worker's copies
     assert any(op.startswith("ResourceApply") for _, op in names)  # the loop's updates, on the PS
     assert any(name.startswith("fc") for name, _ in names)  # the step's own compute
+
+
+def test_separate_chief_and_evaluator(tmp_path):
+    cluster, codes = run_cluster(
+        tmp_path,
+        MLP,
+        num_ps=1,
+        num_workers=1,
+        chief=True,
+        evaluator=True,
+        gin_params=["TrainConfig.train_steps=30"],
+    )
+    assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
+    assert set(read_results(cluster.logdir)) == {"chief_0", "worker_0"}
+    assert scalars(os.path.join(cluster.logdir, "eval"), "eval/loss")
 
 
 def test_a_finished_run_restarted_trains_nothing_and_every_task_exits_0(tmp_path):
