@@ -21,6 +21,7 @@ import abc
 import contextlib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -622,3 +623,25 @@ class Strategy(abc.ABC):
         if self.use_gpus:
             config.gpu_options.allow_growth = True
         return config
+
+    def config(self, intra_op_threads: int = 0, inter_op_threads: int = 0) -> tf.compat.v1.ConfigProto:
+        """Deprecated alias of `session_config()` (renamed in 0.1.0); goes no sooner than 0.3.0.
+
+        Returns what `session_config()` returns; warns once per process.
+        """
+        _warn_renamed("Strategy.config()", "Strategy.session_config()")
+        return self.session_config(intra_op_threads, inter_op_threads)
+
+
+_WARNED: set[str] = set()  # renamed names already warned about in this process
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    """One DeprecationWarning per process for `old`, pointed at the caller's line."""
+    if old not in _WARNED:
+        _WARNED.add(old)
+        warnings.warn(
+            f"{old} is deprecated: use {new} (the same; {old} goes no sooner than disttrain 0.3.0)",
+            DeprecationWarning,
+            stacklevel=3,
+        )

@@ -8,8 +8,10 @@ import os
 import subprocess
 import sys
 
+import matplotlib  # noqa: F401  (the `bench` extra, which README's test command installs: never a skip)
 import numpy as np
 import pytest
+import sklearn  # noqa: F401  (the `accuracy` extra, likewise)
 
 from disttrain.bench import accuracy
 from tests import REPO
@@ -121,7 +123,6 @@ def test_teacher_data_is_fixed_and_every_class_is_there():
 
 
 def test_digits_held_out_split_is_fixed_and_apart():
-    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
     x, y, hx, hy = accuracy.digits_data()
     assert len(y) + len(hy) == 1797 and len(hy) == 397
     assert x.shape[1] == 64 and 0 <= x.min() and x.max() <= 1
@@ -132,7 +133,6 @@ def test_digits_held_out_split_is_fixed_and_apart():
 
 
 def test_plot_draws_every_system(tmp_path):
-    pytest.importorskip("matplotlib", reason="the `bench` extra")
     rows = [
         accuracy.summarize("digits", "one_process", 1, curve((1.0, 0.96), (2.0, 0.97)), 990, [0], 0.95),
         accuracy.summarize("digits", "async", 2, curve((1.5, 0.9), (3.0, 0.965)), 990, [0, 0], 0.95),
@@ -144,7 +144,6 @@ def test_plot_draws_every_system(tmp_path):
 @pytest.mark.cluster
 def test_accuracy_command_end_to_end_on_digits(tmp_path):
     """One process and sync PS with 2 workers on digits, a small budget: a JSON report, a plot, a table."""
-    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
     out = tmp_path / "digits.json"
     r = subprocess.run(
         [
@@ -175,7 +174,6 @@ def test_accuracy_command_end_to_end_on_digits(tmp_path):
 @pytest.mark.parametrize("system", ["tf2_pss", "tf2_mwms", "tf_default"])
 def test_tf2_and_tf_default_systems_train_digits(system, tmp_path):
     """20 steps on 2 workers: held-out rows on the cadence, the step moving, every process exiting 0."""
-    pytest.importorskip("sklearn", reason="the `accuracy` extra: pip install -e .[accuracy]")
     how = accuracy.SYSTEMS[system]
     examples = 20 * accuracy.examples_per_step(how, 2, accuracy.TASKS["digits"].batch_size)
     row = accuracy.run_system(

@@ -8,19 +8,16 @@ and a learning rate of 0 freezes the variables while the global step moves
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
 
-from disttrain.config import RunSettings
 from tests.bench.test_benchmark import TINY, _explain, benchmark
 
 NO_UPDATE = "tests/bench/no_update.gin"
 # The trainer's own guard (RunSettings.stall_steps) stops a replica whose global step does not
 # move; off here, so that what is tested is the benchmark's refusal alone (the TF 2 peers have none).
-HAS_GUARD = "stall_steps" in {f.name for f in dataclasses.fields(RunSettings)}
-NO_GUARD = ["--gin_param=TrainConfig.stall_steps=0"] if HAS_GUARD else []
+NO_GUARD = ["--gin_param=TrainConfig.stall_steps=0"]
 SHORT = ["--warmup_steps=10", "--measure_steps=10"]
 
 
@@ -72,7 +69,6 @@ def test_frozen_variables_fail_disttrain_and_the_tf2_peers(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.skipif(not HAS_GUARD, reason="the trainer has no stall guard (RunSettings.stall_steps)")
 def test_a_task_that_stops_itself_is_failed_with_its_reason(tmp_path):
     # The guard stops the worker at 30 of its steps, before 10 + 50 are measured: the row
     # must say why the task ended (its own line names the strategy), not only that it did.

@@ -52,8 +52,31 @@ def run_timed(logdir, gin_files, timeout=150, **kwargs) -> tuple[LocalCluster, d
 
 
 def variables(logdir: str) -> dict[str, np.ndarray]:
+    """Every tensor of the latest checkpoint in `logdir` (or of the checkpoint prefix `logdir`)."""
     reader = tf.train.load_checkpoint(logdir)
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def saved_steps(logdir: str) -> list[int]:
+    """The steps of the checkpoints on disk in `logdir` (model.ckpt-N), in order."""
+    found = (
+        re.search(r"ckpt-(\d+)\.index$", p) for p in glob.glob(os.path.join(logdir, "model.ckpt-*.index"))
+    )
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def moved_weights(logdir: str, first: int, last: int) -> list[str]:
+    """The model's float weights whose values differ between checkpoints model.ckpt-<first> and -<last>.
+
+    State that moves when no gradient is applied is not counted: optimizer slots (`<variable>/Adam`,
+    ...) and `*_power` move under a learning rate of 0, batch norm's `moving_*` in every forward pass.
+    """
+    before = variables(os.path.join(logdir, f"model.ckpt-{first}"))
+    after = variables(os.path.join(logdir, f"model.ckpt-{last}"))
+    state = {n for n in before if any(n.startswith(f"{other}/") for other in before)}
+    state |= {n for n in before if n.endswith("_power") or "moving_" in n.rsplit("/", 1)[-1]}
+    weights = [n for n in before if n not in state and before[n].dtype.kind == "f"]
+    return [n for n in weights if not np.array_equal(before[n], after[n])]
 
 
 def describe_failure(cluster: LocalCluster) -> str:
@@ -94,6 +117,12 @@ def train_py(args, env=None, timeout=120) -> subprocess.CompletedProcess:
         cwd=REPO,
         env=dict(os.environ if env is None else env),
     )
+
+
+def user_env(**more) -> dict[str, str]:
+    """A user's environment: no TF_CONFIG, and none of the tests' TensorFlow log settings."""
+    names = ("TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "DISTTRAIN_TF_LOGS")
+    return {k: v for k, v in os.environ.items() if k not in names} | more
 
 
 def wait_for_line(path, pattern, timeout=120) -> None:

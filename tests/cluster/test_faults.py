@@ -77,7 +77,9 @@ def test_killed_worker_is_named_restarted_and_rejoins_while_the_others_train(tmp
     assert steps == sorted(steps)  # async: losing a worker sets nothing back
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+@pytest.mark.parametrize(
+    "overlap", [pytest.param(False, id="plain", marks=pytest.mark.quick), pytest.param(True, id="overlap")]
+)
 def test_killed_ps_is_named_and_training_resumes_from_the_last_checkpoint(tmp_path, overlap):
     # An orchestrator backs off before restarting (Kubernetes: CrashLoopBackOff): the PS is gone a while.
     # With overlap, the PS is lost inside the transfer loop's thread: the same recovery must follow.

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests import REPO
-from tests.cluster.helpers import TINY, train_py
+from tests.cluster.helpers import TINY, moved_weights, saved_steps, train_py
 
 pytestmark = pytest.mark.cluster
 
@@ -29,6 +29,10 @@ def test_every_shipped_config_trains_with_the_tiny_overlay(gin_file, tmp_path):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "finished:" in r.stdout, r.stdout[-3000:]
+    # It trained: the tiny overlay's 30 steps moved the weights from the start's checkpoint.
+    saved = saved_steps(str(tmp_path))
+    assert saved[0] == 0 and saved[-1] == 30, saved
+    assert moved_weights(str(tmp_path), 0, 30), f"{gin_file}: no variable changed in 30 steps"
 
 
 def operator_tf_config(replica_specs, task_type, index, job="disttrain-mlp"):

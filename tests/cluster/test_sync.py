@@ -1,4 +1,4 @@
-"""Synchronous strategies on real clusters: equivalence, backup workers, 16-bit transfer, shutdown, speed.
+"""Synchronous strategies on real clusters: equivalence, backup workers, 16-bit transfer, shutdown.
 
 Every run is a LocalCluster of bin/train.py processes on loopback, bounded
 in time, with every task's log shown on failure.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -102,7 +101,9 @@ def report():
 # ---- equivalence --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("piece_bytes", [None, 2048], ids=["whole", "pieces"])
+@pytest.mark.parametrize(
+    "piece_bytes", [pytest.param(None, id="whole", marks=pytest.mark.quick), pytest.param(2048, id="pieces")]
+)
 def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, one_process, piece_bytes):
     initial_checkpoint(str(tmp_path))
     params = [*EQUIVALENCE, f"TrainConfig.batch_size = {BATCH}"]
@@ -118,6 +119,7 @@ def test_sync_ps_two_workers_equal_one_process_with_the_summed_batch(tmp_path, o
     assert secs < SHUTDOWN_BOUND_SECS, describe_failure(cluster)
 
 
+@pytest.mark.quick
 def test_all_reduce_two_workers_with_two_towers_equal_one_process(tmp_path, one_process):
     """Towers on 2 virtual CPUs per worker; the chief restores the start and broadcasts it.
 
@@ -275,39 +277,3 @@ def test_16_bit_transfer_converges_and_halves_the_bytes_on_the_wire(tmp_path):
         + ", ".join(f"{r:.3f}" for r in ratios.values())
     )
     assert all(0.45 < r < 0.6 for r in ratios.values()), per_step
-
-
-# ---- speed -----------------------------------------------------------------------------------
-
-
-def test_steps_per_sec_of_the_three_strategies(tmp_path):
-    """The tiny MLP on 2 workers under async PS, sync PS and all-reduce, one run each, printed.
-
-    Global steps/s from the chief (intervals after the first); async's global
-    step counts each worker's steps, the sync ones count cluster steps of 2
-    batches. Only that all three train is asserted: absolute speed on a shared
-    2-core machine means little.
-    """
-    params = ["TrainConfig.train_steps = 150", "TrainConfig.log_every_steps = 25"]
-    table = {}
-    for name, gin, num_ps in (
-        ("async PS", "gin/mlp_async.gin", 1),
-        ("sync PS", SYNC_PS, 1),
-        ("all-reduce", ALLREDUCE, 0),
-    ):
-        cluster, exited = run_timed(
-            tmp_path / name.replace(" ", "_"), [gin, TINY], num_ps=num_ps, num_workers=2, gin_params=params
-        )
-        r = read_results(cluster.logdir)
-        chief = r["worker_0"]
-        examples_per_step = 8 if name == "async PS" else 16
-        table[name] = (
-            chief["cluster_examples_per_sec"] / examples_per_step,
-            chief["cluster_examples_per_sec"],
-            shutdown_secs(cluster, exited),
-        )
-        assert chief["global_step"] >= 150
-    lines = [f"{'strategy':12s} {'global steps/s':>15s} {'examples/s':>11s} {'shutdown s':>11s}"]
-    lines += [f"{k:12s} {s:15.1f} {e:11.0f} {d:11.1f}" for k, (s, e, d) in table.items()]
-    MEASURED["tiny MLP, 2 workers (batch 8)"] = "\n    " + "\n    ".join(lines)
-    print("\n".join(lines), file=sys.stderr)

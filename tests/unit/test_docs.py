@@ -109,8 +109,8 @@ def commands(path: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _import_alone(module_name: str) -> set[str] | None:
-    """Import a script module with no other script's flags defined; its flags, then undone.
+def script_flags_of(module_name: str) -> dict[str, flags.Flag]:
+    """Import a script module with no other script's flags defined; its flags by name, then undone.
 
     The scripts define flags of the same names (gin_file, ...) in absl's one
     FLAGS, so two cannot be imported side by side: the others' flags are set
@@ -118,7 +118,7 @@ def _import_alone(module_name: str) -> set[str] | None:
     forgotten again, leaving FLAGS and sys.modules as they were.
     """
     if module_name in sys.modules:
-        return {f.name for f in flags.FLAGS.get_flags_for_module(module_name)}
+        return {f.name: f for f in flags.FLAGS.get_flags_for_module(module_name)}
     others = {m: flags.FLAGS.get_flags_for_module(m) for m in SCRIPTS.values() if m in sys.modules}
     keys = {m: flags.FLAGS.get_key_flags_for_module(m) for m in others}
     for flag in {f.name for fs in others.values() for f in fs}:
@@ -136,13 +136,18 @@ def _import_alone(module_name: str) -> set[str] | None:
                 flags.FLAGS.register_flag_by_module(m, f)
             for f in keys[m]:
                 flags.FLAGS.register_key_flag_for_module(m, f)
-    return {name for name, f in defined.items()} | {f"no{name}" for name, f in defined.items() if f.boolean}
+    return defined
+
+
+def _tokens(defined: dict[str, flags.Flag]) -> set[str]:
+    """The flag names a command line may use: `noX` too for a boolean X."""
+    return set(defined) | {f"no{name}" for name, f in defined.items() if f.boolean}
 
 
 @pytest.fixture(scope="module")
 def script_flags() -> dict[str, set[str]]:
     """Each script -> the flag tokens it accepts (`noX` for a boolean X), absl's own included."""
-    own = {script: _import_alone(module) for script, module in SCRIPTS.items()}
+    own = {script: _tokens(script_flags_of(module)) for script, module in SCRIPTS.items()}
     absl_own = {
         f.name
         for module, fs in flags.FLAGS.flags_by_module_dict().items()

@@ -22,6 +22,9 @@ from disttrain import placement
 tf.compat.v1.disable_eager_execution()
 v1 = tf.compat.v1
 
+# Graph-level, no servers, but 48 builds of full-size graphs: minutes, so not in the quick tier.
+pytestmark = pytest.mark.slow
+
 WORKER = "/job:worker/task:0/device:CPU:0"
 PS_COUNTS = (2, 4, 8, 16)
 
