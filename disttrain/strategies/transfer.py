@@ -87,7 +87,7 @@ def narrow_reads(fetches: Iterable, dtype: tf.DType | None) -> int:
     if dtype is None or not fetches:
         return 0
     graph = fetches[0].graph
-    step = _ancestors(fetches)
+    step = ancestors(fetches)
     trainable = {p.handle.op for v in tf.compat.v1.trainable_variables() for p in placement.variable_parts(v)}
     narrowed = 0
     for op in [op for op in graph.get_operations() if op in step and op.type in _READ_OPS]:
@@ -149,8 +149,8 @@ def _narrow(tensor: tf.Tensor, edges, device: str, dtype: tf.DType) -> None:
             tf_internals.update_input(consumer, index, received[where])
 
 
-def _ancestors(ops) -> set[tf.Operation]:
-    """Every op a run of `ops` runs: they and what they depend on, by data and control inputs."""
+def ancestors(ops) -> set[tf.Operation]:
+    """Every op a run of `ops` runs: they and what they depend on, through data and control inputs."""
     seen, todo = set(ops), list(ops)
     while todo:
         current = todo.pop()

@@ -23,7 +23,7 @@ import tensorflow as tf
 from disttrain import placement
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import AsyncParameterServer, SyncAllReduce, SyncParameterServer
+from disttrain.strategies import AsyncParameterServer, SyncAllReduce, SyncParameterServer, transfer
 
 v1 = tf.compat.v1
 
@@ -82,18 +82,6 @@ def built(mode: str, transfer_dtype: str | None) -> tuple[tf.Graph, list[tf.Oper
     return graph, [train_op, *([strategy.transfer_op] if getattr(strategy, "transfer_op", None) else [])]
 
 
-def step_ops(fetches) -> set[tf.Operation]:
-    """Every op a run of `fetches` runs (data and control inputs)."""
-    seen, todo = set(fetches), list(fetches)
-    while todo:
-        op = todo.pop()
-        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
-
-
 def nbytes(tensor: tf.Tensor) -> int:
     dims = tensor.shape.as_list() if tensor.shape.rank is not None else []
     return int(np.prod([d or 1 for d in dims])) * tensor.dtype.size
@@ -101,7 +89,7 @@ def nbytes(tensor: tf.Tensor) -> int:
 
 def crossing(fetches) -> list[tf.Tensor]:
     """The tensors a step sends from one task to another: once per (tensor, receiving device)."""
-    ops = step_ops(fetches)
+    ops = transfer.ancestors(fetches)
     sent = {}
     for op in ops:
         to = placement.placed_device(op)
@@ -114,7 +102,7 @@ def crossing(fetches) -> list[tf.Tensor]:
 
 def wire_bytes(fetches) -> int:
     """Bytes a step sends between tasks: crossing tensors, and what the all-reduce's collectives take."""
-    collectives = [op for op in step_ops(fetches) if op.type in _COLLECTIVES]
+    collectives = [op for op in transfer.ancestors(fetches) if op.type in _COLLECTIVES]
     return sum(nbytes(t) for t in crossing(fetches)) + sum(nbytes(op.inputs[0]) for op in collectives)
 
 
