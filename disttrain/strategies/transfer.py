@@ -15,7 +15,10 @@ the one TF sends:
   built, by rewiring the receiving ops).
 
 With no transfer dtype nothing here adds an op. The all-reduce narrows its
-own buckets (`strategies.allreduce`): there is no PS on its path.
+own buckets (`strategies.allreduce`): there is no PS on its path. Not
+narrowed: non-trainable variables (a learning rate or batch-norm statistics
+keep every bit), and a value computed on the PS from a read by anything but
+an Identity.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def narrow_reads(fetches: Iterable, dtype: tf.DType | None) -> int:
         return 0
     graph = fetches[0].graph
     step = ancestors(fetches)
-    trainable = {p.handle.op for v in tf.compat.v1.trainable_variables() for p in placement.variable_parts(v)}
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    trainable = {part.handle.op for v in variables for part in placement.variable_parts(v)}
     narrowed = 0
     for op in [op for op in graph.get_operations() if op in step and op.type in _READ_OPS]:
         variable = _variable_of(op)
