@@ -385,6 +385,45 @@ def _merge(default: str, own: str) -> str:
     return spec.make_merged_spec(tf.DeviceSpec.from_string(own)).to_string()
 
 
+def placed_device(op: tf.Operation) -> str:
+    """The device TF's placer puts the built op `op` on, as far as the graph says.
+
+    An op colocated with another (`loc:@`) goes with it, and an op that takes
+    a resource handle goes where the resource is: TF's placer overrides a
+    requested device that differs (a read built under a worker's device
+    scope runs on the variable's PS). Otherwise the op's own device. Inside a
+    function graph a captured handle is followed to the tensor it captures.
+    Not known here: what soft placement or Grappler change afterwards.
+    """
+    seen = set()
+    while op not in seen:
+        seen.add(op)
+        colocated = _colocated_op(op)
+        handles = [t for t in op.inputs if t.dtype == tf.resource]
+        if colocated is not None:
+            op = colocated
+        elif handles:
+            op = captured(handles[0]).op
+        else:
+            break
+    return op.device
+
+
+def captured(tensor: tf.Tensor) -> tf.Tensor:
+    """The outer tensor a function graph's placeholder captures (`tensor` itself when none)."""
+    captures = getattr(tensor.graph, "captures", None) or ()
+    for outer, inner in captures:
+        if inner is tensor:
+            return outer
+    return tensor
+
+
+def task_of(device: str) -> tuple[str | None, int | None]:
+    """(job, task) of a device string; (None, None) for an empty one (the session's own task)."""
+    spec = tf.DeviceSpec.from_string(device or "")
+    return spec.job, spec.task if spec.job is None or spec.task is not None else 0
+
+
 def is_input_op(op: tf.Operation) -> bool:
     return op.type in _INPUT_OPS or op.type.endswith(_INPUT_OP_SUFFIXES)
 

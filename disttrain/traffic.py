@@ -23,6 +23,8 @@ Symbols:
        index: sum over tables of rows x (row bytes + 8). A step pulls these
        rows and pushes a sparse gradient of the same rows. 0 for a model
        without tables; the tables' other rows never move
+    D and R count float32 values. A strategy with a 16-bit `transfer_dtype`
+    sends half of D and of the rows' values (`ModelBytes.on_wire`).
     S  D + R: what one replica step pulls, and pushes, through the PS
     N  workers (replicas), one per host
     P  parameter-server tasks
@@ -87,6 +89,13 @@ DEDICATED, COLOCATED, RING = "dedicated", "colocated", "ring"
 LAYOUTS = (DEDICATED, COLOCATED, RING)
 
 INDEX_BYTES = 8  # the int64 index that travels with every looked-up row and its gradient
+FLOAT32_BYTES = 4  # a model's variables, as D and R count them
+
+
+def transfer_itemsize(strategy) -> int:
+    """Bytes a built strategy sends per float32 value: its `transfer_dtype`'s size (16 bits: 2), else 4."""
+    dtype = getattr(strategy, "transfer_dtype", None)
+    return dtype.size if dtype is not None else FLOAT32_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +138,21 @@ class ModelBytes:
     def total(self) -> int:
         """All trainable bytes, tables whole (what a step would move if it read the tables whole)."""
         return self.dense + self.table_bytes
+
+    def on_wire(self, itemsize: int) -> ModelBytes:
+        """These bytes as a strategy sends them with floats of `itemsize` bytes (2: 16-bit transfer).
+
+        D and the rows' values scale by itemsize / 4; each row's int64 index
+        does not. Assumes float32 variables, as the zoo's are.
+        """
+        if itemsize == FLOAT32_BYTES:
+            return self
+        scale = itemsize / FLOAT32_BYTES
+        tables = tuple(
+            dataclasses.replace(t, nbytes=round(t.nbytes * scale), row_bytes=round(t.row_bytes * scale))
+            for t in self.tables
+        )
+        return ModelBytes(dense=round(self.dense * scale), tables=tables)
 
     @property
     def table_fraction_per_step(self) -> float:

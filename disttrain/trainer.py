@@ -135,8 +135,12 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
             try:
                 # A round's polls each return at once, unless a peer froze mid-call (its port still
                 # open): then the round is judged hung, as a step would be.
-                with self._bounded(f"waiting for the chief's variables (rounds of {round_secs:.0f} s)", round_secs):
-                    return manager.wait_for_session(self._master, config=self._config, max_wait_secs=round_secs)
+                with self._bounded(
+                    f"waiting for the chief's variables (rounds of {round_secs:.0f} s)", round_secs
+                ):
+                    return manager.wait_for_session(
+                        self._master, config=self._config, max_wait_secs=round_secs
+                    )
             except tf.errors.DeadlineExceededError:
                 left = deadline - time.monotonic()
                 if left > 0:
@@ -306,7 +310,9 @@ class StepWatch(v1.train.SessionRunHook):
         self._steps += 1
         self._started = time.monotonic()
         threshold = max(self._first, self._factor * self._hooks_longest)
-        self._watchdog.enter(f"the hooks after step {self._steps} (checkpoints, summaries)", threshold, may_hang=True)
+        self._watchdog.enter(
+            f"the hooks after step {self._steps} (checkpoints, summaries)", threshold, may_hang=True
+        )
 
     def hooks_done(self) -> None:
         self._hooks_longest = max(self._hooks_longest, time.monotonic() - self._started)

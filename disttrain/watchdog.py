@@ -95,7 +95,7 @@ class Watchdog:
 
     @contextlib.contextmanager
     def bounded(self, what: str, threshold_secs: float):
-        """A call that returns within `threshold_secs` unless it hangs; the phase before it comes back after."""
+        """A call that returns within `threshold_secs` unless it hung; then the phase before it is back."""
         with self._lock:
             before = self._phase
         self.enter(what, threshold_secs, may_hang=True)

@@ -170,7 +170,25 @@ SYSTEMS = {
         overlap=True,
         compensated=True,
     ),
+    "async_bf16": System(
+        functools.partial(disttrain.AsyncParameterServer, transfer_dtype="bfloat16"), uses_ps=True
+    ),
+    "async_compensated_bf16": System(
+        functools.partial(disttrain.AsyncParameterServer, transfer_dtype="bfloat16"),
+        uses_ps=True,
+        compensated=True,
+    ),
+    "async_overlap_bf16": System(
+        functools.partial(disttrain.AsyncParameterServer, overlap=True, transfer_dtype="bfloat16"),
+        uses_ps=True,
+        overlap=True,
+    ),
     "sync_ps": System(disttrain.SyncParameterServer, uses_ps=True, synchronous=True),
+    "sync_ps_bf16": System(
+        functools.partial(disttrain.SyncParameterServer, transfer_dtype="bfloat16"),
+        uses_ps=True,
+        synchronous=True,
+    ),
     "sync_ps_backup": System(
         functools.partial(disttrain.SyncParameterServer, backup_workers=1),
         uses_ps=True,

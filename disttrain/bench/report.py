@@ -65,6 +65,8 @@ def table(report: dict) -> str:
     )
     if cfg.get("sparse_bytes_per_step"):
         lines.append(lookup_line(cfg))
+    if any(r.get("transfer_bytes_per_value") == 2 for r in report["runs"]):
+        lines.append("disttrain sends floats in 16 bits (transfer_dtype): its bound and exp MB/st count so")
     if ref.get("steps_per_sec"):
         others = ref.get("other_busy_cores")
         lines.append(

@@ -153,6 +153,16 @@ class RunSpec:
         return f"{self.system} ({self.kind.name}) {self.workers} worker(s){ps}"
 
 
+def transfer_itemsize(config: TrainConfig) -> int:
+    """Bytes per float32 value config.strategy sends (2 with a 16-bit transfer_dtype).
+
+    Builds the strategy for a stand-in cluster of 64 workers and a PS (any
+    backup_workers fits); nothing starts.
+    """
+    jobs = {WORKER: [f"localhost:{i + 1}" for i in range(64)], PS: ["localhost:100"]}
+    return traffic.transfer_itemsize(config.strategy(Cluster(jobs=jobs, task_type=WORKER, task_index=0)))
+
+
 def ps_loads(config: TrainConfig, num_ps: int) -> list[int]:
     """Bytes of variables each PS holds under config.strategy (as zoo_run.dry_run builds it)."""
     jobs = {WORKER: ["localhost:1"], PS: [f"localhost:{i + 2}" for i in range(num_ps)]}
@@ -176,6 +186,7 @@ class Benchmark:
         self.on_update = on_update or (lambda report: None)
         self._validate()
         self._t0 = time.monotonic()
+        self._itemsizes: dict[str, int] = {}  # bytes per float each disttrain strategy sends, by kind
 
     # ---- set-up ---------------------------------------------------------------
 
@@ -454,6 +465,19 @@ class Benchmark:
                 self.on_update(report)
         return report
 
+    def _itemsize(self, spec: RunSpec) -> int:
+        """Bytes per float32 value `spec`'s system sends: disttrain's per its transfer_dtype, the peers' 4."""
+        if spec.system != "disttrain":
+            return traffic.FLOAT32_BYTES
+        if spec.kind.name not in self._itemsizes:
+            config = self.config.load_config(self._bindings(spec.kind))
+            self._itemsizes[spec.kind.name] = transfer_itemsize(config)
+        return self._itemsizes[spec.kind.name]
+
+    def _sent_bytes(self, spec: RunSpec) -> traffic.ModelBytes:
+        """D and R as `spec`'s system sends them (the bound and exp MB/st count these)."""
+        return self._model["bytes"].on_wire(self._itemsize(spec))
+
     def _tf2_specs(self) -> dict[str, dict]:
         """The TF 2 peers' specs, by system (bench.tf2): refuses a model they do not implement, up front."""
         peers = [tf2.PEERS[s] for s in self.config.systems if s in tf2.PEERS]
@@ -516,7 +540,7 @@ class Benchmark:
     def _row(self, spec: RunSpec, loads, ref: float | None, measured: list[dict]) -> dict:
         """A run's row: layout, placement and bound, and the quietest of its measurements."""
         c = self.config
-        sizes, batch = self._model["bytes"], self._model["batch"]
+        sizes, batch = self._sent_bytes(spec), self._model["batch"]
         best = _quietest(measured)
         loads = best.get("ps_loads", loads)  # a TF 2 peer reports where it put its variables
         row = {
@@ -531,6 +555,7 @@ class Benchmark:
             "batch_size": batch,
             "ps_loads": loads,
             "ps_load_max_over_mean": placement.max_over_mean(loads) if loads else None,
+            "transfer_bytes_per_value": self._itemsize(spec),
             "error": None,
         }
         if "skipped" in best:

@@ -104,7 +104,7 @@ def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
             rep(s, towers=True, ps=ps),
             k,
         )
-    if k.transfer_bits == 32 and (k.kind != cost.ASYNC_PS or k.overlap):
+    if k.transfer_bits == 32:
         yield "16-bit transfer", model, s, rep(k, transfer_bits=16)
     yield (
         f"{BATCH_CHANGE} (compute assumed linear in the batch)",

@@ -368,8 +368,6 @@ def check(shape: Shape, strategy: Strategy) -> None:
             f"backup_workers={strategy.backup_workers} out of range: {shape.workers} worker(s), "
             f"so between 0 and {shape.workers - 1}"
         )
-    if strategy.kind == ASYNC_PS and strategy.transfer_bits == 16 and not strategy.overlap:
-        raise PlanError("16-bit transfer with async PS needs overlap=True (AsyncParameterServer)")
     if strategy.uses_ps and strategy.transport is not None and strategy.transport.name != GRPC:
         raise PlanError(
             f"{strategy.kind} moves variables over gRPC, got transport {strategy.transport.name!r}: "

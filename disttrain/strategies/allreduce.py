@@ -24,13 +24,12 @@ import tensorflow as tf
 from disttrain import preemption
 from disttrain.errors import ConfigError
 from disttrain.strategies import autotune as tuning
-from disttrain.strategies import sparse
+from disttrain.strategies import sparse, transfer
 from disttrain.strategies.base import Strategy
 
 v1 = tf.compat.v1
 
 GROUP_KEY = 1
-_TRANSFER_DTYPES = {None: None, "float32": None, "float16": tf.float16, "bfloat16": tf.bfloat16}
 # Collective broadcast kernels exist for these dtypes only.
 _BROADCAST_DTYPES = (tf.float32, tf.float64, tf.float16, tf.int32, tf.int64, tf.bool)
 
@@ -135,8 +134,13 @@ def _gather(tensor, group_size: int, key: int, group_key: int, communication_hin
     """Every replica's `tensor` side by side, along axis 0; its length may change from step to step.
 
     The V1 op: the V2 one keeps the first run's shape for its instance key
-    and fails the next step whose row count differs.
+    and fails the next step whose row count differs. It has no bfloat16
+    kernel: bfloat16 travels as the same bits read as float16 (a gather
+    only copies them).
     """
+    if tensor.dtype == tf.bfloat16:
+        bits = _gather(tf.bitcast(tensor, tf.float16), group_size, key, group_key, communication_hint)
+        return tf.bitcast(bits, tf.bfloat16)
     return tf.raw_ops.CollectiveGather(
         input=tensor,
         group_size=group_size,
@@ -269,10 +273,6 @@ class SyncAllReduce(Strategy):
     ):
         super().__init__(cluster, num_towers)
         self.densify_below_bytes = int(densify_below_bytes)
-        if transfer_dtype not in _TRANSFER_DTYPES:
-            raise ConfigError(
-                f"transfer_dtype={transfer_dtype!r}: expected one of None, 'float32', 'float16', 'bfloat16'"
-            )
         if bucket_bytes < 1:
             raise ConfigError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         if communication_hint not in ("auto", "ring", "nccl"):
@@ -281,7 +281,7 @@ class SyncAllReduce(Strategy):
             raise ConfigError(f"max_subdivs must be >= 1 (or None for TF's default), got {max_subdivs}")
         self.max_subdivs = -1 if max_subdivs is None else int(max_subdivs)
         self.bucket_bytes = int(bucket_bytes)
-        self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
+        self.transfer_dtype = transfer.parse(transfer_dtype, type(self).__name__)
         self.communication_hint = communication_hint
         self._keys = None
         self._vote: tuple[tf.Tensor, tf.Tensor] | None = None  # (this replica's flag, the group's mean)

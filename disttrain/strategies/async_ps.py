@@ -10,14 +10,11 @@ import time
 import tensorflow as tf
 
 from disttrain import preemption, servers, tf_internals
-from disttrain.errors import ConfigError
-from disttrain.strategies import sparse, waves
+from disttrain.strategies import sparse, transfer, waves
 from disttrain.strategies.ps import PsStrategy
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
-
-_TRANSFER_DTYPES = {None: None, "float16": tf.float16, "bfloat16": tf.bfloat16}
 
 
 class AsyncParameterServer(PsStrategy):
@@ -42,9 +39,10 @@ class AsyncParameterServer(PsStrategy):
       rows a step looks up cross the network, in the step, gathered on the
       PS that holds them), and their sparse gradients are queued and pushed
       as rows like the rest.
-    transfer_dtype: 'bfloat16' or 'float16' halves the bytes (and the CPU that
-      gRPC spends on them) of both the push and the pull; variables, optimizer
-      state and the update stay float32 on the PS. Needs overlap.
+    transfer_dtype: 'bfloat16' or 'float16' sends gradients, variable reads
+      and a table's rows in 16 bits, cast on the side that sends them
+      (`disttrain.strategies.transfer`), with or without overlap; variables,
+      optimizer state and the update stay float32 on the PS.
     piece_bytes: cut every variable larger than this into pieces (partitioned
       variables on the PS, each updated on its own) and move them in order,
       a couple of waves at a time (`disttrain.strategies.waves`). With
@@ -68,31 +66,17 @@ class AsyncParameterServer(PsStrategy):
         piece_bytes: int | None = None,
     ):
         super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
-        if transfer_dtype not in _TRANSFER_DTYPES:
-            raise ConfigError(f"transfer_dtype={transfer_dtype!r}: expected None, 'float16' or 'bfloat16'")
-        if transfer_dtype and not overlap:
-            raise ConfigError("AsyncParameterServer.transfer_dtype needs overlap=True")
         self.overlap = overlap
-        self.transfer_dtype = _TRANSFER_DTYPES[transfer_dtype]
+        self.transfer_dtype = transfer.parse(transfer_dtype, type(self).__name__)
         self._copies: list[tuple[tf.Variable, tf.Variable]] = []  # (worker copy, PS variable)
         self.transfer_op: tf.Operation | None = None  # one round of the transfer loop
         self._counts = None  # (gradients queued, gradients applied) on this worker
         self._loop: _TransferLoop | None = None
 
-    def _on_ps(self, var, value):
-        """`value` converted for the wire on `var`'s PS (a no-op without a transfer dtype)."""
-        if self.transfer_dtype is None:
-            return value
-        with tf.device(var.device):
-            return tf.cast(value, self.transfer_dtype)
-
     def _local_copy(self, var) -> tf.Tensor:
         """The worker-side copy the model reads instead of `var` (created on first use)."""
         with tf.device(self.compute_devices[0]), tf.name_scope("local_copy"):
-            copy = _local_variable(
-                lambda: tf.cast(self._on_ps(var, var.read_value()), var.dtype.base_dtype),
-                var.op.name.replace("/", "_"),
-            )
+            copy = _local_variable(var.read_value, var.op.name.replace("/", "_"))
             self._copies.append((copy, var))
             return copy.read_value()
 
@@ -101,7 +85,12 @@ class AsyncParameterServer(PsStrategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.overlap:
-            return self.when_data(lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step))
+            sent = transfer.leaving(grads_and_vars, self.transfer_dtype)
+            step = self.when_data(
+                lambda: optimizer.apply_gradients(transfer.arrived(sent), global_step=global_step)
+            )
+            transfer.narrow_reads([step], self.transfer_dtype)
+            return step
         worker = self.compute_devices[0]
         queue, step, per_grad = self._queued(grads_and_vars)
         to_push = []
@@ -137,6 +126,7 @@ class AsyncParameterServer(PsStrategy):
             queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
         )
         v1.train.add_queue_runner(self._loop)
+        transfer.narrow_reads([step, self.transfer_op], self.transfer_dtype)
         return step
 
     def _queued(self, grads_and_vars):
@@ -181,8 +171,8 @@ class AsyncParameterServer(PsStrategy):
         pulls = []
         for copy, var in self._copies:
             with tf.control_dependencies(updates.get(var.handle.name) or [push]):
-                fresh = self._on_ps(var, var.read_value())
-            pulls.append(copy.assign(tf.cast(fresh, copy.dtype), read_value=False))
+                fresh = var.read_value()  # sent in 16 bits with a transfer dtype (narrow_reads)
+            pulls.append(copy.assign(fresh, read_value=False))
         return pulls
 
     def _in_waves(self, per_grad, grads_and_vars) -> list[list[tf.Tensor]]:

@@ -30,7 +30,7 @@ from disttrain import input_context, input_feeds, placement, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import sparse
+from disttrain.strategies import sparse, transfer
 
 v1 = tf.compat.v1
 NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
@@ -70,7 +70,7 @@ def _recording_state_updates(loss_fn: Callable, graph: tf.Graph) -> tuple[Callab
         loss = loss_fn()
         if not calls:
             initializers = {v.initializer for v in v1.global_variables() + v1.local_variables()}
-            needed = _ancestors(loss.op)
+            needed = transfer.ancestors([loss.op])
             found.extend(
                 op
                 for op in graph.get_operations()[before:]
@@ -80,18 +80,6 @@ def _recording_state_updates(loss_fn: Callable, graph: tf.Graph) -> tuple[Callab
         return loss
 
     return recording, found
-
-
-def _ancestors(op: tf.Operation) -> set[tf.Operation]:
-    """Every op `op` depends on, through data and control inputs (itself included)."""
-    seen, todo = {op}, [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
 
 
 def _gradients_of_copies(optimizer, loss, copies) -> list[tuple[tf.Tensor, tf.Variable]]:

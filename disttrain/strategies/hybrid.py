@@ -51,8 +51,10 @@ class SyncHybrid(SyncParameterServer):
     or, for Keras' `Embedding`, in the built graph. Every replica must take
     part in every step (no backup workers: the ring waits for all of them).
 
-    bucket_bytes, transfer_dtype, communication_hint: the ring's, as
-    `SyncAllReduce` takes them (the dense half).
+    bucket_bytes, communication_hint: the ring's, as `SyncAllReduce` takes
+    them (the dense half).
+    transfer_dtype: both halves' (the ring's buckets; the rows read from the
+    PS and their gradients), as the two strategies take it.
     piece_bytes: the tables' pieces, as `SyncParameterServer` takes them.
 
     One increment of the global step consumes N x batch x towers examples.
@@ -86,7 +88,8 @@ class SyncHybrid(SyncParameterServer):
         communication_hint: str = "auto",
         piece_bytes: int | None = None,
     ):
-        super().__init__(cluster, 0, num_towers, max_imbalance, piece_bytes)
+        # The tables' half sends rows and their gradients in `transfer_dtype` too.
+        super().__init__(cluster, 0, num_towers, max_imbalance, piece_bytes, transfer_dtype=transfer_dtype)
         # The dense half is SyncAllReduce's ring, built by this strategy's steps.
         self.ring = SyncAllReduce(
             cluster,
@@ -96,7 +99,6 @@ class SyncHybrid(SyncParameterServer):
             communication_hint=communication_hint,
         )
         self.bucket_bytes, self.communication_hint = bucket_bytes, communication_hint
-        self.transfer_dtype = transfer_dtype
 
     # ---- placement: tables on the PS, the rest where the replica computes --------
 

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from disttrain import preemption, tf_internals
 from disttrain.errors import ConfigError
-from disttrain.strategies import sparse
+from disttrain.strategies import sparse, transfer
 from disttrain.strategies.ps import PsStrategy
 
 v1 = tf.compat.v1
@@ -59,6 +59,10 @@ class SyncParameterServer(PsStrategy):
     piece_bytes: cut every variable larger than this into pieces, each
       accumulated and updated on its own, and read them in waves in the order
       the model asks for them, as AsyncParameterServer does.
+    transfer_dtype: 'bfloat16' or 'float16' sends gradients, variable reads
+      and a table's rows in 16 bits, cast on the side that sends them
+      (`disttrain.strategies.transfer`); accumulators, variables, optimizer
+      state and the update stay float32 on the PS.
 
     One increment of the global step consumes (N-b) x batch x towers examples.
     With a single replica (or no cluster) gradients are applied directly.
@@ -66,7 +70,7 @@ class SyncParameterServer(PsStrategy):
 
     kind = "sync_ps"
     synchronous = True
-    knobs = ("backup_workers", "piece_bytes")
+    knobs = ("backup_workers", "piece_bytes", "transfer_dtype")
     aggregate_clipped_at = "the accumulators' mean, each variable's part on its PS"
 
     def __init__(
@@ -76,8 +80,10 @@ class SyncParameterServer(PsStrategy):
         num_towers: int | None = None,
         max_imbalance: float = 0.05,
         piece_bytes: int | None = None,
+        transfer_dtype: str | None = None,
     ):
         super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
+        self.transfer_dtype = transfer.parse(transfer_dtype, type(self).__name__)
         n = cluster.num_replicas
         if not 0 <= backup_workers < n:
             raise ConfigError(
@@ -130,11 +136,14 @@ class SyncParameterServer(PsStrategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.aggregates:
-            return self.when_data(
+            sent = transfer.leaving(grads_and_vars, self.transfer_dtype)
+            update = self.when_data(
                 lambda: optimizer.apply_gradients(
-                    self.clip_aggregate(grads_and_vars), global_step=global_step
+                    self.clip_aggregate(transfer.arrived(sent)), global_step=global_step
                 )
             )
+            transfer.narrow_reads([update], self.transfer_dtype)
+            return update
         if self._step is None:
             raise RuntimeError(
                 "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
@@ -142,10 +151,13 @@ class SyncParameterServer(PsStrategy):
         grads_and_vars = [
             (g if sparse.is_sparse(g) else tf.convert_to_tensor(g), v) for g, v in grads_and_vars
         ]
-        accumulators, applies = self._accumulate(self._before_sending(grads_and_vars))
+        sent = transfer.leaving(self._before_sending(grads_and_vars), self.transfer_dtype)
+        accumulators, applies = self._accumulate(sent)
         done, tokens, release, drain = self._report_and_wait(global_step, applies)
         self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
-        return tf.group(release, name="sync_train_op")
+        train_op = tf.group(release, name="sync_train_op")
+        transfer.narrow_reads([train_op], self.transfer_dtype)
+        return train_op
 
     def _before_sending(self, grads_and_vars):
         """This replica's gradients as they leave for the accumulators (here: at once).
@@ -155,7 +167,11 @@ class SyncParameterServer(PsStrategy):
         return grads_and_vars
 
     def _accumulate(self, grads_and_vars) -> tuple[list, list]:
-        """One accumulator per variable, on the variable's PS: (accumulator, var) pairs, and the adds."""
+        """One accumulator per variable, on the variable's PS: (accumulator, var) pairs, and the adds.
+
+        A gradient sent in 16 bits is cast back to the variable's dtype on the
+        PS before it is added: accumulators hold float32.
+        """
         accumulators, applies = [], []
         with tf.name_scope("sync_accumulate"):
             # A replica whose data has ended (Join) sends nothing: its gradients are tagged with a
@@ -163,6 +179,7 @@ class SyncParameterServer(PsStrategy):
             tag = self._step if self.data_weight is None else tf.where(self.data_weight > 0, self._step, -1)
             for grad, var in grads_and_vars:
                 with tf.device(var.device):
+                    grad = transfer.arriving(grad, var)
                     acc = _SparseMean(var) if sparse.is_sparse(grad) else _DenseMean(var, grad.dtype)
                     applies.append(acc.apply(grad, tag))
                 accumulators.append((acc, var))

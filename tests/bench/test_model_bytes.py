@@ -89,3 +89,38 @@ def test_report_shows_d_and_r_only_for_tables():
     line = report.table({"config": config, "reference": None, "runs": []}).splitlines()[1]
     assert line.startswith("per replica step: D 0.0 MB dense (whole), R 0.24 MB of table rows")
     assert "0.60% of 32.0 MB of tables" in line
+
+
+def test_the_bound_counts_the_bytes_each_system_sends():
+    """A 16-bit ring's bound and expected bytes count half of D; TF 2's MWMS beside it sends float32."""
+    import gin
+
+    from disttrain import cli, traffic
+    from disttrain.bench import runner
+
+    def load(bindings):
+        gin.clear_config()
+        return cli.train_config(["gin/mlp_allreduce.gin", "gin/testing/tiny.gin"], list(bindings))
+
+    bench = runner.Benchmark(
+        runner.BenchConfig(
+            gin_files=("gin/mlp_allreduce.gin",),
+            load_config=load,
+            gin_params=("SyncAllReduce.transfer_dtype='bfloat16'",),
+            workers=(2,),
+            systems=("disttrain", "tf2_mwms"),
+            strategy="allreduce",
+        ),
+        log=lambda line: None,
+    )
+    bench._model = {"every_n": 10, "batch": 8, "bytes": traffic.ModelBytes(dense=27_688)}
+    rows = {}
+    for system in ("disttrain", "tf2_mwms"):
+        spec = runner.RunSpec(system, bench._kind(system), 2, 0, traffic.RING)
+        # A run that failed still gets its layout's bound; the reference took 0.1 s a step.
+        rows[system] = bench._row(spec, None, 10.0, [{"error": "not run"}])
+    # A ring of 2 carries 2D(N-1)/N = D each way per round: 27,688 bytes in float32, 13,844 in 16 bits.
+    assert rows["tf2_mwms"]["expected_busiest_link_bytes_per_step"] == 27_688
+    assert rows["disttrain"]["expected_busiest_link_bytes_per_step"] == 13_844
+    assert rows["disttrain"]["transfer_bytes_per_value"] == 2
+    assert rows["tf2_mwms"]["transfer_bytes_per_value"] == 4

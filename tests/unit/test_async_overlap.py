@@ -157,10 +157,16 @@ def test_copies_live_on_the_worker_and_casts_on_the_ps():
     assert applies and all(op.device.startswith("/job:ps/") for op in applies)
 
 
-def test_transfer_dtype_needs_overlap():
-    with pytest.raises(ConfigError, match="needs overlap=True"):
-        AsyncParameterServer(Cluster.local(), transfer_dtype="bfloat16")
-    with pytest.raises(ConfigError, match="expected None, 'float16' or 'bfloat16'"):
+def test_16_bit_transfer_needs_no_overlap():
+    strategy = AsyncParameterServer(Cluster.local(), transfer_dtype="bfloat16")
+    with tf.Graph().as_default():
+        train_op, w, _ = quadratic(strategy)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for _ in range(6):
+                session.run(train_op)
+            assert session.run(w) == pytest.approx(1 - 0.5**6, rel=1e-2)
+    with pytest.raises(ConfigError, match="expected None, 'float32', 'float16' or 'bfloat16'"):
         AsyncParameterServer(Cluster.local(), overlap=True, transfer_dtype="int8")
 
 

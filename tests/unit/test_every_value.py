@@ -74,11 +74,12 @@ REFUSED = {
 KNOBS = {
     "AsyncParameterServer": {
         "overlap": [True],
-        "transfer_dtype": ["float16", "bfloat16"],
+        "transfer_dtype": ["float32", "float16", "bfloat16"],
         "piece_bytes": [64],
         "num_towers": [1, 2],
     },
     "SyncParameterServer": {
+        "transfer_dtype": ["float32", "float16", "bfloat16"],
         "piece_bytes": [64],
         "num_towers": [2],
     },
@@ -93,20 +94,20 @@ KNOBS = {
     },
     "SyncHybrid": {
         "bucket_bytes": [1],
-        "transfer_dtype": ["float16", "bfloat16"],
+        "transfer_dtype": ["float32", "float16", "bfloat16"],
         "piece_bytes": [64],
         "num_towers": [2],
     },
 }
 # Strategy knobs refused in one line: (strategy, knobs, what the line names).
 REFUSED_KNOBS = [
-    ("AsyncParameterServer", {"transfer_dtype": "bfloat16"}, "transfer_dtype needs overlap=True"),
-    ("AsyncParameterServer", {"overlap": True, "transfer_dtype": "int8"}, "transfer_dtype='int8'"),
+    ("AsyncParameterServer", {"transfer_dtype": "int8"}, "transfer_dtype='int8'"),
     ("AsyncParameterServer", {"piece_bytes": 0}, "piece_bytes must be >= 1"),
     ("AsyncParameterServer", {"num_towers": -1}, "num_towers must be >= 1"),
     ("SyncParameterServer", {"backup_workers": 1}, "backup_workers=1 out of range"),
     ("SyncParameterServer", {"backup_workers": -1}, "backup_workers=-1 out of range"),
     ("SyncParameterServer", {"piece_bytes": 0}, "piece_bytes must be >= 1"),
+    ("SyncParameterServer", {"transfer_dtype": "int8"}, "transfer_dtype='int8'"),
     ("SyncAllReduce", {"bucket_bytes": 0}, "bucket_bytes must be >= 1"),
     ("SyncAllReduce", {"transfer_dtype": "int8"}, "transfer_dtype='int8'"),
     ("SyncAllReduce", {"max_subdivs": 0}, "max_subdivs must be >= 1"),
@@ -114,14 +115,13 @@ REFUSED_KNOBS = [
     ("SyncAllReduce", {"autotune": True, "autotune_runs": 0}, "autotune_runs must be >= 1"),
     ("SyncHybrid", {"bucket_bytes": 0}, "bucket_bytes must be >= 1"),
     ("SyncHybrid", {"piece_bytes": 0}, "piece_bytes must be >= 1"),
+    ("SyncHybrid", {"transfer_dtype": "int8"}, "transfer_dtype='int8'"),
 ]
 
 
 def _knobs(strategy: str, knob: str, value) -> dict:
-    """`knob=value`, and what that value needs beside it (16-bit async transfer rides on overlap)."""
+    """`knob=value`, and what that value needs beside it."""
     knobs = {knob: value}
-    if strategy == "AsyncParameterServer" and knob == "transfer_dtype" and value:
-        knobs["overlap"] = True
     if knob == "autotune" and value:
         knobs.update(autotune_grid=[(1024, None), (4 * 2**20, 8)], autotune_runs=1)
     return knobs

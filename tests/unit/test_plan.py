@@ -302,6 +302,24 @@ def test_model_from_config_reads_bytes_and_strategy_settings():
     assert (s.kind, s.bucket_bytes, s.transfer_bits) == (cost.ALLREDUCE, 1024, 16)
 
 
+@pytest.mark.parametrize(
+    ("gin_file", "binding", "kind"),
+    [
+        ("gin/mlp_async.gin", "AsyncParameterServer.transfer_dtype='bfloat16'", cost.ASYNC_PS),
+        ("gin/mlp_sync.gin", "SyncParameterServer.transfer_dtype='float16'", cost.SYNC_PS),
+    ],
+)
+def test_the_planner_reads_16_bit_transfer_from_every_ps_strategy(gin_file, binding, kind):
+    config = _config(gin_file, binding)
+    s = models.strategy_from_config(config, kind)
+    assert s.transfer_bits == 16 and not s.overlap  # no overlap needed
+    model = models.model_from_config(config, 0.05)
+    shape = cost.Shape(hosts=2, ps=1, ps_hosts=cost.DEDICATED, link_gbit=1.0)
+    half = cost.predict(model, shape, s)
+    full = cost.predict(model, shape, dataclasses.replace(s, transfer_bits=32))
+    assert half.busiest_link.bytes_per_round == pytest.approx(full.busiest_link.bytes_per_round / 2)
+
+
 # ---- bin/plan.py ---------------------------------------------------------------------------
 
 

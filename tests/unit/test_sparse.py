@@ -18,7 +18,7 @@ from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParamete
 from disttrain.errors import ConfigError
 from disttrain.local import free_port
 from disttrain.optimizers import LazyAdamOptimizer
-from disttrain.strategies import allreduce, base, sparse, sync_ps
+from disttrain.strategies import allreduce, sparse, sync_ps, transfer
 
 v1 = tf.compat.v1
 
@@ -101,7 +101,7 @@ def table_parts(graph) -> list[tf.Operation]:
 def ancestors(fetches) -> set[tf.Operation]:
     ops = set()
     for fetch in fetches:
-        ops |= base._ancestors(fetch if isinstance(fetch, tf.Operation) else fetch.op)  # noqa: SLF001
+        ops |= transfer.ancestors([fetch if isinstance(fetch, tf.Operation) else fetch.op])
     return ops
 
 

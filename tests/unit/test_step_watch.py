@@ -153,9 +153,10 @@ def test_the_hooks_after_a_step_are_judged_until_the_last_hook_and_a_loop_betwee
         take, put, noop = queue.dequeue(), queue.enqueue(1.0), tf.constant(0)
         watch = trainer.StepWatch(w, min_secs=0.5, factor=10, first_secs=1.0)
         stuck = StuckAfterStep(take)
-        with caplog.at_level(logging.WARNING), v1.train.MonitoredSession(
-            hooks=[watch, stuck, trainer.StepWatch.Done(watch)]
-        ) as session:
+        with (
+            caplog.at_level(logging.WARNING),
+            v1.train.MonitoredSession(hooks=[watch, stuck, trainer.StepWatch.Done(watch)]) as session,
+        ):
             for _ in range(3):
                 session.run(noop)
             time.sleep(3.0)  # the user's own loop between steps: not judged while every peer answers

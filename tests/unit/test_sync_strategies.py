@@ -115,6 +115,30 @@ def test_16_bit_transfer_casts_before_and_accumulates_mean_in_float32(dtype, tf_
     np.testing.assert_allclose(out0[0], (a[0] + b[0]) / 2, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("tf_dtype", [tf.float16, tf.bfloat16])
+def test_16_bit_rows_are_gathered_and_averaged_as_rows(tf_dtype):
+    """all_gather_mean in 16 bits on two virtual CPUs (bfloat16 travels as float16's bits: no kernel)."""
+    rng = np.random.default_rng(2)
+    rows = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(2, 4)).astype(np.float32)]
+    ids = [np.array([0, 5, 9]), np.array([5, 7])]
+    with tf.Graph().as_default() as graph:
+        outs = []
+        for device in range(2):
+            with tf.device(f"/device:CPU:{device}"):
+                grad = tf.IndexedSlices(tf.constant(rows[device]), tf.constant(ids[device]), [10, 4])
+                (mean,) = allreduce.all_gather_mean([grad], 2, tf_dtype, itertools.count(1))
+                outs.append(tf.math.unsorted_segment_sum(mean.values, mean.indices, 10))
+        with v1.Session(graph=graph, config=v1.ConfigProto(device_count={"CPU": 2})) as session:
+            out0, out1 = session.run(outs)
+    want = np.zeros((10, 4), np.float32)
+    for r, i in zip(rows, ids, strict=True):
+        np.add.at(want, i, r / 2)
+    np.testing.assert_allclose(out0, want, rtol=1e-2, atol=1e-2)
+    np.testing.assert_array_equal(out0, out1)
+    gathered = [op for op in ops_of(graph, "CollectiveGather") if op.inputs[0].shape.rank == 2]
+    assert gathered and all(op.inputs[0].dtype.size == 2 for op in gathered)
+
+
 def gradient_collectives(graph):
     """The all-reduces of gradients (not the one-float preemption vote each step carries)."""
     return [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" not in op.name]
