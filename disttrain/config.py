@@ -13,6 +13,15 @@ from disttrain.clipping import Clip
 from disttrain.errors import ConfigError
 
 
+def steps_count(value, name: str) -> int:
+    """`value` as a count of steps (None: 1); ConfigError naming `name` unless an int >= 1."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1 (1 or None: off), got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """How a run goes, whatever the model.
@@ -50,6 +59,14 @@ class RunSettings:
     wait_log_secs: a task waiting for a peer (or a step waiting far longer
       than the ones before it) says whom, since when and until when, every
       this many seconds.
+    accumulate_steps: k micro-batches of `batch_size` per tower make one
+      update: their gradients are averaged on the replica, in sequence (one
+      micro-batch's activations in memory at a time), and cross the network
+      once; the global batch and examples/sec count all k. None or 1: none.
+    steps_per_run: k training steps in one `session.run` (Keras'
+      `steps_per_execution`): hooks, logging, checkpoints, the stall guard,
+      preemption and the saved input position act at run boundaries, every k
+      steps. None or 1: one step per run.
     """
 
     log_every_steps: int = 100
@@ -69,6 +86,8 @@ class RunSettings:
     clip_where: str = "replica"
     preempt_secs: float = 20.0
     wait_log_secs: float = 10.0
+    accumulate_steps: int | None = 1
+    steps_per_run: int | None = 1
 
     @classmethod
     def of(cls, **settings) -> RunSettings:
@@ -94,6 +113,8 @@ class RunSettings:
         for name in ("preempt_secs", "wait_log_secs"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{where}.{name} must be > 0 seconds, got {getattr(self, name)}")
+        for name in ("accumulate_steps", "steps_per_run"):
+            steps_count(getattr(self, name), f"{where}.{name}")
         return self
 
     @property

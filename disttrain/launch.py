@@ -365,7 +365,14 @@ def train_replica(
     cluster = strategy.cluster
     trainer.check_writable(logdir)
     built = trainer.build(
-        strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size, clip=Clip.of(settings)
+        strategy,
+        loss_fn,
+        optimizer_fn,
+        settings.check_numerics,
+        batch_size,
+        clip=Clip.of(settings),
+        accumulate_steps=settings.accumulate_steps,
+        steps_per_run=settings.steps_per_run,
     )
     if cluster.is_chief:
         texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain import run_steps, tf_internals
 from disttrain.errors import DivergedError
 
 v1 = tf.compat.v1
@@ -156,9 +156,11 @@ class TaskThroughput:
 class ThroughputHook(v1.train.SessionRunHook):
     """Counts steps; every `every_n` local steps logs and writes throughput.
 
-    Fetches the loss and global step with every step (scalars, read in
-    parallel with the step) so that a NaN is caught at the step it appears.
-    The first interval includes start-up and is left out of the means.
+    Fetches the loss and global step with every run (scalars, read in
+    parallel with the run) so that a NaN is caught at the run it appears
+    in. A run of several steps (`steps_per_run`) counts all of them and
+    reports its last step's loss. The first interval includes start-up and
+    is left out of the means.
     """
 
     def __init__(
@@ -210,7 +212,7 @@ class ThroughputHook(v1.train.SessionRunHook):
                 f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept"
             )
         r = self.result
-        r.local_steps += 1
+        r.local_steps += run_steps.steps_in(run_context)
         r.global_step, r.final_loss = step, loss
         if self._mark_global is None:  # the first step includes start-up: measure from its end
             self._mark_global, self._mark_step = step, r.local_steps

@@ -60,7 +60,7 @@ class SyncParameterServer(PsStrategy):
       accumulated and updated on its own, and read them in waves in the order
       the model asks for them, as AsyncParameterServer does.
 
-    One increment of the global step consumes (N-b) x batch x towers examples.
+    One increment of the global step consumes (N-b) x batch x towers x accumulate_steps examples.
     With a single replica (or no cluster) gradients are applied directly.
     """
 
@@ -99,7 +99,7 @@ class SyncParameterServer(PsStrategy):
         return max(self.cluster.replica_index, 0) if self.cluster.is_replica else 0
 
     def examples_per_step(self, batch_size: int) -> int:
-        return self.replicas_to_aggregate * batch_size * self.num_towers
+        return self.replicas_to_aggregate * super().examples_per_step(batch_size)
 
     def compute_gradients(self, optimizer, loss, read=None):
         """As the base, but every variable read of this step comes after reading the global step.
@@ -141,7 +141,8 @@ class SyncParameterServer(PsStrategy):
         ]
         accumulators, applies = self._accumulate(self._before_sending(grads_and_vars))
         done, tokens, release, drain = self._report_and_wait(global_step, applies)
-        self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
+        if self.step_in_run == 0:  # later steps of a run report to the same queues (shared names)
+            self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
         return tf.group(release, name="sync_train_op")
 
     def _before_sending(self, grads_and_vars):
