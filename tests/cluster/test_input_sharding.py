@@ -72,6 +72,7 @@ disttrain.fit(
     save_checkpoint_steps=2,
     ps_linger_secs=120,
     stall_steps=0,
+    {settings}
 )
 """
 
@@ -103,7 +104,7 @@ def write_ids(directory, sizes: list[int] = EVEN) -> str:
 
 
 def setup(
-    tmp_path, strategy: str, lr: float = 0.01, sizes=EVEN, batch=BATCH, knobs="", pause=0.1
+    tmp_path, strategy: str, lr: float = 0.01, sizes=EVEN, batch=BATCH, knobs="", pause=0.1, settings=""
 ) -> tuple[str, dict]:
     out = tmp_path / "read"
     out.mkdir()
@@ -119,6 +120,7 @@ def setup(
             knobs=knobs,
             pause=pause,
             ids=IDS,
+            settings=settings,
         )
     )
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
@@ -163,34 +165,44 @@ def pipelines(sizes: list[int], batch: int) -> list[list[np.ndarray]]:
     return [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
 
 
-def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
-    """w after training, by the Join rules: each step, the pipelines that still have a batch.
+def expected_w(sizes: list[int], batch: int, lr: float, strategy: str, accumulate: int = 1) -> float:
+    """w after training, by the Join rules: each update, the batches that are still data.
 
-    All-reduce: the mean over those pipelines; sync PS: the mean over the replicas that still have
-    data of each one's mean over its towers that do (replica r feeds pipelines 2r and 2r + 1).
+    An update takes `accumulate` batches of each pipeline (micro-batches).
+    All-reduce: the mean over those batches; sync PS: the mean over the
+    replicas that still have data of each one's mean over its batches that
+    are (replica r feeds pipelines 2r and 2r + 1).
     """
     batches = pipelines(sizes, batch)
     w = 0.0
-    for step in range(max(len(b) for b in batches)):
-        grads = [b[step].mean() / IDS if step < len(b) else None for b in batches]
+    for update in range(-(-max(len(b) for b in batches) // accumulate)):
+        steps = range(update * accumulate, (update + 1) * accumulate)
+        grads = [[b[s].mean() / IDS for s in steps if s < len(b)] for b in batches]
         if strategy == "SyncAllReduce":
-            g = np.mean([x for x in grads if x is not None])
+            g = np.mean([x for pipeline in grads for x in pipeline])
         else:
-            replicas = [[x for x in grads[2 * r : 2 * r + 2] if x is not None] for r in range(2)]
+            replicas = [grads[2 * r] + grads[2 * r + 1] for r in range(2)]
             g = np.mean([np.mean(t) for t in replicas if t])
         w -= lr * g
     return w
 
 
+# Micro-batches and runs that outlast a pipeline's data: 3 per update, 2 updates per run.
+BOTH = "accumulate_steps=3, steps_per_run=2,"
+
+
 @pytest.mark.parametrize(
-    "strategy, sizes, batch, knobs",
+    "strategy, sizes, batch, knobs, settings",
     [
-        ("AsyncParameterServer", UNEVEN_FILES, 4, ""),
-        ("SyncParameterServer", UNEVEN_FILES, 4, ""),
-        ("SyncAllReduce", UNEVEN_FILES, 4, ""),
-        ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True"),
-        ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1"),
-        ("SyncAllReduce", FEWER_FILES, 5, ""),
+        ("AsyncParameterServer", UNEVEN_FILES, 4, "", ""),
+        ("SyncParameterServer", UNEVEN_FILES, 4, "", ""),
+        ("SyncAllReduce", UNEVEN_FILES, 4, "", ""),
+        ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True", ""),
+        ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1", ""),
+        ("SyncAllReduce", FEWER_FILES, 5, "", ""),
+        ("AsyncParameterServer", UNEVEN_FILES, 4, ", overlap=True", BOTH),
+        ("SyncParameterServer", UNEVEN_FILES, 4, "", BOTH),
+        ("SyncAllReduce", UNEVEN_FILES, 4, "", BOTH),
     ],
     ids=[
         "async-files",
@@ -199,11 +211,18 @@ def expected_w(sizes: list[int], batch: int, lr: float, strategy: str) -> float:
         "async-overlap-records",
         "sync-backup-records",
         "allreduce-records",
+        "async-overlap-files-accumulate-per-run",
+        "sync-files-accumulate-per-run",
+        "allreduce-files-accumulate-per-run",
     ],
 )
-def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy, sizes, batch, knobs):
+def test_uneven_inputs_end_every_task_with_every_id_read_once(
+    tmp_path, strategy, sizes, batch, knobs, settings
+):
     """Pipelines whose data ends first wait with zero weight (Join): nobody hangs, nothing is skipped."""
-    path, cluster = setup(tmp_path, strategy, sizes=sizes, batch=batch, knobs=knobs, pause=0.0)
+    path, cluster = setup(
+        tmp_path, strategy, sizes=sizes, batch=batch, knobs=knobs, pause=0.0, settings=settings
+    )
     codes = run_all(start_all(path, tmp_path, cluster), tmp_path, timeout=180)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     counts, by_pipeline = ids_read(tmp_path)
@@ -221,7 +240,8 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy
         assert "0 stale reports dropped" in text, text
     if strategy != "AsyncParameterServer" and "backup" not in knobs:  # steps are deterministic
         w = tf.train.load_checkpoint(str(tmp_path / "logdir")).get_tensor("w")
-        assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy), rel=1e-4), w
+        accumulate = 3 if settings == BOTH else 1
+        assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy, accumulate), rel=1e-4), w
 
 
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
