@@ -294,7 +294,8 @@ class TraceHook(v1.train.SessionRunHook):
     """Writes a Chrome trace (chrome://tracing, Perfetto) of `steps` local steps of this task.
 
     The steps traced are those right after the first `after_steps` (past
-    start-up and the first checkpoint), one file per step,
+    start-up and the first checkpoint), one file per run (a run of several
+    steps, `steps_per_run`, is traced whole),
     `<directory>/trace_step_<global step>.json` (`..._<local step>.json`
     for a second step that read the same global step, as overlap's lagging
     mirror can): every op of the step on
@@ -316,7 +317,8 @@ class TraceHook(v1.train.SessionRunHook):
         self._directory, self._steps, self._after = directory, steps, after_steps
         self._global_step = global_step
         self._loops = list(loops)
-        self._local = 0
+        self._local = 0  # steps of this task so far (a run may make several)
+        self._asked_loops = False
         self._last: tuple[str, Any] | None = None  # the last traced file and its StepStats, while rounds run
         self.written: list[str] = []
 
@@ -326,14 +328,15 @@ class TraceHook(v1.train.SessionRunHook):
     def before_run(self, run_context):
         if not self._tracing():
             return None
-        if self._local == self._after:
+        if not self._asked_loops:
+            self._asked_loops = True
             for loop in self._loops:  # the rounds beside the traced steps (about one per step)
                 loop.trace(self._steps + 1)
         options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
         return v1.train.SessionRunArgs(self._global_step, options=options)
 
     def after_run(self, run_context, run_values):
-        tracing, self._local = self._tracing(), self._local + 1
+        tracing, self._local = self._tracing(), self._local + run_steps.steps_in(run_context)
         if tracing:
             stats = run_values.run_metadata.step_stats
             name = f"trace_step_{int(run_values.results)}"
@@ -344,7 +347,7 @@ class TraceHook(v1.train.SessionRunHook):
             self._write(path, stats)
             self.written.append(path)
             log.info("step trace: %s", path)
-            last = self._local == self._after + self._steps
+            last = self._local >= self._after + self._steps
             if last and any([loop.stop_tracing() for loop in self._loops]):
                 self._last = (path, stats)  # a traced round is still running: add it when it ends
         elif self._last is not None:

@@ -235,13 +235,16 @@ class Strategy(abc.ABC):
       `votes_on_preemption` (see their comments below).
 
     It must override `apply_gradients(optimizer, grads_and_vars, global_step)`,
-    which returns the train op. It may override, with these signatures:
+    which returns the train op; it is called once per step of a run
+    (`steps_per_run`), in order, `step_in_run` saying which, and builds what
+    a graph needs once in step 0. It may override, with these signatures:
 
     - `compute_gradients(optimizer, loss, read=None)`: this task's gradients
       (call the base's; `read` says how a tower reads a variable);
     - `scope()`, `plan_placement(build_fn)`, `plan_from(specs)`,
       `variable_devices`, `place_remaining(global_step)`: where variables go;
-    - `examples_per_step(batch_size)`: examples one global step consumes;
+    - `examples_per_step(batch_size)`: examples one global step consumes
+      (multiply the base's: it counts towers and accumulated micro-batches);
     - `hooks(last_step)`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
     - `device_filters()`, `session_config(intra_op_threads, inter_op_threads)`:
       what its servers and sessions need.
