@@ -244,8 +244,9 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(
         assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy, accumulate), rel=1e-4), w
 
 
-def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
-    path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001)
+@pytest.mark.parametrize("per_run", [1, 3])
+def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path, per_run):
+    path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001, settings=f"steps_per_run={per_run},")
     procs = start_all(path, tmp_path, cluster)
     task_dir = tmp_path / "logdir" / "tasks" / "worker_1"
     try:
@@ -270,8 +271,9 @@ def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
     assert sorted(counts) == list(range(IDS)), "an id was skipped"
     repeated = [i for i, n in counts.items() if n > 1]
     # Only worker 1's ids, and at most what it read between its last save and the kill: the save
-    # interval (2 steps) and the step in flight, 2 towers x BATCH ids each.
+    # interval (2 steps, at run boundaries) and the run in flight, 2 towers x BATCH ids each.
     assert all(n == 2 for n in counts.values() if n > 1)
-    assert len(repeated) <= 3 * 2 * BATCH, sorted(repeated)
+    steps = 3 if per_run == 1 else 2 * per_run
+    assert len(repeated) <= steps * 2 * BATCH, sorted(repeated)
     # Worker 1's pipelines are 2 and 3 of 4, and pipeline k reads files k and k + 4.
     assert all(i % FILES in (2, 3, 6, 7) for i in repeated), sorted(repeated)

@@ -265,3 +265,25 @@ def test_a_loss_function_that_reads_another_dataset_the_second_time_is_refused()
 
     with pytest.raises(ConfigError, match="get_next call 1 reads another dataset than its first build did"):
         build_with(loss_fn, steps_per_run=2)
+
+
+def test_gin_sets_both_for_a_zoo_run(capsys):
+    import gin
+
+    from disttrain import cli, zoo_run
+
+    files = ["gin/mlp_sync.gin", "gin/testing/tiny.gin"]
+    gin.clear_config()  # cli.train_config locks the config it parsed; clearing unlocks it
+    config = cli.train_config(files, ["TrainConfig.accumulate_steps=2", "TrainConfig.steps_per_run=3"])
+    strategy = config.strategy(Cluster.local())
+    with tf.Graph().as_default():
+        zoo_run.build_zoo(Cluster.local(), config, strategy)
+    assert (strategy.accumulate_steps, strategy.steps_per_run) == (2, 3)
+    assert strategy.examples_per_step(config.batch_size) == 2 * config.batch_size
+    gin.clear_config()
+    with pytest.raises(SystemExit):
+        cli.train_config(files, ["TrainConfig.steps_per_run=0"])
+    gin.clear_config()
+    assert (
+        "TrainConfig.steps_per_run must be an integer >= 1 (1 or None: off), got 0" in capsys.readouterr().err
+    )
