@@ -62,6 +62,7 @@ setup(
             "disttrain-plan=disttrain.scripts.plan:run",
             "disttrain-link-probe=disttrain.scripts.link_probe:run",
             "disttrain-accuracy=disttrain.scripts.accuracy:run",
+            "disttrain-export=disttrain.scripts.export:run",
         ]
     },
 )

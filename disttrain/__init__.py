@@ -6,13 +6,18 @@ The public API:
 - `session(strategy, steps=..., logdir=...)`: the same, for a loop of your own
   after `strategy.minimize(...)`.
 - Replica strategies `AsyncParameterServer`, `SyncParameterServer`,
-  `SyncAllReduce` (base `Strategy`): `scope()`, `minimize()`, `hooks(last_step)`, `session_config()`.
+  `SyncAllReduce`, `SyncHybrid` (base `Strategy`): `scope()`, `minimize()`,
+  `hooks(last_step)`, `session_config()`.
 - `Cluster`: the whole cluster from one task's point of view (TF_CONFIG, flags, local).
 - `RunSettings`: how a run goes (checkpoints, logging, waits, guards);
   `TrainConfig`: a model_zoo run as gin binds it (bin/train.py).
 - `DisttrainError`: what ends a task, with its exit code.
 - `InputContext`: what a loss function that takes one argument is given: its
   replica and tower, batch sizes, `shard()` and `get_next()`.
+- `export(logdir, serve_fn, export_dir, inputs=...)`: the newest (or a named)
+  checkpoint of any layout as a SavedModel in TF Serving's versioned layout,
+  loadable in plain TF 2; `BestExport`: what an evaluator task exports when
+  a checkpoint's metric is the best so far (`fit(..., export_best=...)`).
 """
 
 import os as _os
@@ -35,6 +40,7 @@ _tf.compat.v1.disable_eager_execution()
 from disttrain.cluster import Cluster  # noqa: E402
 from disttrain.config import RunSettings, TrainConfig  # noqa: E402
 from disttrain.errors import DisttrainError  # noqa: E402
+from disttrain.exporting import BestExport, export  # noqa: E402
 from disttrain.input_context import InputContext  # noqa: E402
 from disttrain.launch import fit, session  # noqa: E402
 from disttrain.optimizers import LazyAdamOptimizer  # noqa: E402
@@ -42,11 +48,13 @@ from disttrain.strategies import (  # noqa: E402
     AsyncParameterServer,
     Strategy,
     SyncAllReduce,
+    SyncHybrid,
     SyncParameterServer,
 )
 
 __all__ = [
     "AsyncParameterServer",
+    "BestExport",
     "Cluster",
     "DisttrainError",
     "InputContext",
@@ -54,8 +62,10 @@ __all__ = [
     "RunSettings",
     "Strategy",
     "SyncAllReduce",
+    "SyncHybrid",
     "SyncParameterServer",
     "TrainConfig",
+    "export",
     "fit",
     "session",
 ]

@@ -56,6 +56,10 @@ class RunSettings:
       seconds: replicas stop at a step boundary, the chief checkpoints that
       step first; keep it below the orchestrator's grace period (Kubernetes:
       30 s).
+    replica_memory_bytes: the most bytes of variables (optimizer state
+      included) one replica may hold in its own memory; a model over it is
+      refused at start in one line naming its largest table (SyncHybrid
+      keeps tables on the PS tasks). None: no limit.
     wait_log_secs: a task waiting for a peer (or a step waiting far longer
       than the ones before it) says whom, since when and until when, every
       this many seconds.
@@ -86,6 +90,7 @@ class RunSettings:
     clip_where: str = "replica"
     preempt_secs: float = 20.0
     wait_log_secs: float = 10.0
+    replica_memory_bytes: int | None = None
     accumulate_steps: int | None = 1
     steps_per_run: int | None = 1
 
@@ -109,6 +114,10 @@ class RunSettings:
             raise ConfigError(f"{where}.stall_steps must be >= 0 (0: never), got {self.stall_steps}")
         if self.save_checkpoint_steps is not None and self.save_checkpoint_steps < 1:
             raise ConfigError(f"{where}.save_checkpoint_steps must be >= 1, got {self.save_checkpoint_steps}")
+        if self.replica_memory_bytes is not None and self.replica_memory_bytes < 1:
+            raise ConfigError(
+                f"{where}.replica_memory_bytes must be >= 1 (None: no limit), got {self.replica_memory_bytes}"
+            )
         Clip.of(self)  # ConfigError on an impossible clip_norm or clip_where
         for name in ("preempt_secs", "wait_log_secs"):
             if getattr(self, name) <= 0:

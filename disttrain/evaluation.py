@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics
+from disttrain import exporting, input_context, input_feeds, metrics
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -46,30 +46,58 @@ def evaluate_checkpoints(
     eval_steps: int,
     last_step: int,
     wait_secs: float,
+    export_best: exporting.BestExport | None = None,
 ) -> list[tuple[int, dict[str, float]]]:
     """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
 
     `build_metrics()` builds the metrics (variables named as in training, so
-    that the checkpoint restores them) in a fresh graph.
+    that the checkpoint restores them) in a fresh graph; NumPy arrays its
+    datasets are built from are fed when each session starts
+    (`disttrain.input_feeds`). With `export_best`, each checkpoint whose
+    metric is the best so far is exported as well
+    (`disttrain.exporting.BestExport`), its serving function built in the
+    same graph.
     """
     measured = []
     with tf.Graph().as_default():
-        values = build_metrics()
+        values = input_feeds.feeding(build_metrics)()
         names = sorted(values)
+        exporter = None
+        if export_best is not None:
+            earlier = measured_before(logdir, f"eval/{export_best.metric}")
+            exporter = exporting.BestExporter(export_best, names, earlier)
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         writer = v1.summary.FileWriter(os.path.join(logdir, "eval"))
         for path in v1.train.checkpoints_iterator(logdir, min_interval_secs=1, timeout=wait_secs):
+            if exporter is not None:
+                exporter.check(path)
             with v1.Session() as session:
                 saver.restore(session, path)
+                input_feeds.start_inputs(session)
                 runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
                 step = int(session.run(global_step))
-            means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
-            writer.add_summary(metrics.scalar_summary({f"eval/{n}": v for n, v in means.items()}), step)
-            writer.flush()
-            log.info(f"evaluator: step {step}  " + "  ".join(f"eval {n} {v:.4f}" for n, v in means.items()))
+                means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
+                writer.add_summary(metrics.scalar_summary({f"eval/{n}": v for n, v in means.items()}), step)
+                writer.flush()
+                said = "  ".join(f"eval {n} {v:.4f}" for n, v in means.items())
+                log.info(f"evaluator: step {step}  {said}")
+                if exporter is not None:
+                    exporter.offer(session, path, step, means)
             measured.append((step, means))
             if step >= last_step:
                 break
         writer.close()
     return measured
+
+
+def measured_before(logdir: str, tag: str) -> list[float]:
+    """The values of the scalar `tag` that evaluators of `logdir` wrote before (none: empty)."""
+    values = []
+    for path in sorted(tf.io.gfile.glob(os.path.join(logdir, "eval", "events.out.tfevents.*"))):
+        try:
+            for event in v1.train.summary_iterator(path):
+                values += [v.simple_value for v in event.summary.value if v.tag == tag]
+        except tf.errors.DataLossError:  # a file cut short by a killed evaluator: what it holds before
+            continue
+    return values

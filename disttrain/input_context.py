@@ -165,7 +165,11 @@ def takes_context(loss_fn: Callable) -> bool:
 
 
 def saved_iterator(dataset: tf.data.Dataset):
-    """A one-shot iterator over `dataset` whose position InputPositionHook saves and restores."""
+    """A one-shot iterator over `dataset` whose position InputPositionHook saves and restores.
+
+    Over NumPy arrays fed when the input starts (`disttrain.input_feeds`) it
+    is an initialisable iterator, which `input_feeds.start_inputs` starts.
+    """
     iterator = v1.data.make_one_shot_iterator(dataset)
     _ITERATORS.setdefault(v1.get_default_graph(), []).append(iterator)
     return iterator

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import evaluation, logs, metrics, placement, preemption, recovery, servers, trainer
+from disttrain import evaluation, exporting, logs, metrics, placement, preemption, recovery, servers, trainer
 from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
@@ -52,6 +52,7 @@ def fit(
     hooks: Sequence[v1.train.SessionRunHook] = (),
     eval_fn: Callable | None = None,
     eval_steps: int = 10,
+    export_best: exporting.BestExport | None = None,
     **settings,
 ) -> metrics.TaskThroughput | None:
     """Train `loss_fn` with `optimizer_fn()` on this task's part of the cluster; any role.
@@ -77,6 +78,9 @@ def fit(
       calls, or the same Keras model). A task of type 'evaluator' then
       evaluates each checkpoint on the same `eval_steps` batches, beside
       training, and writes `eval/<name>` scalars under `<logdir>/eval`.
+    export_best: a `disttrain.BestExport`: the evaluator also exports each
+      checkpoint whose metric is the best so far as a SavedModel
+      (`disttrain.export`'s layout); None: it exports nothing.
     settings: any RunSettings field (log_every_steps, save_checkpoint_steps,
       peer_wait_secs, ps_linger_secs, check_numerics, clip_norm, clip_where, ...).
 
@@ -87,13 +91,17 @@ def fit(
     """
     with errors_to_exit(cluster):
         settings = RunSettings.of(**settings)
+        if export_best is not None and not isinstance(export_best, exporting.BestExport):
+            raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
         cluster = Cluster.from_env() if cluster is None else cluster
         logs.to_console()
         preemption.install(settings.preempt_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
         lives = {
             SERVE: lambda: serve(cluster, settings, logdir, steps),
-            EVALUATE: lambda: _evaluate(eval_fn, logdir, batch_size, eval_steps, steps, settings),
+            EVALUATE: lambda: _evaluate(
+                eval_fn, export_best, logdir, batch_size, eval_steps, steps, settings
+            ),
             TRAIN: lambda: train_replica(
                 make_strategy(strategy, cluster),
                 loss_fn,
@@ -109,16 +117,16 @@ def fit(
 
 
 def _evaluate(
-    eval_fn, logdir: str, batch_size: int, eval_steps: int, steps: int, settings: RunSettings
+    eval_fn, export_best, logdir: str, batch_size: int, eval_steps: int, steps: int, settings: RunSettings
 ) -> None:
-    """An evaluator task of `fit`: evaluate each checkpoint with `eval_fn` until the last one."""
+    """An evaluator task of `fit`: evaluate each checkpoint with `eval_fn` until the last one (and export)."""
     if eval_fn is None:
         raise ConfigError(
             "an evaluator task needs fit(..., eval_fn=...): start the script as ps, worker or "
             "chief, or give eval_fn"
         )
     build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
-    evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs)
+    evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs, export_best)
 
 
 @contextlib.contextmanager
@@ -374,6 +382,7 @@ def train_replica(
         accumulate_steps=settings.accumulate_steps,
         steps_per_run=settings.steps_per_run,
     )
+    trainer.check_replica_memory(built.graph, cluster.task_name, settings.replica_memory_bytes)
     if cluster.is_chief:
         texts = {"run/settings": repr(settings), "run/cluster": cluster.describe()}
         texts["run/strategy"] = strategy.describe()

@@ -88,6 +88,20 @@ def throughput_drop(rates: Sequence[float], window: int, lookback: int = 20) -> 
     return max(0.0, 1.0 - recent / before) if before > 0 else 0.0
 
 
+def peak_memory_mb() -> float:
+    """This process's peak resident memory in MiB so far (Linux VmHWM; ru_maxrss elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def process_memory_mb() -> float:
     """Resident memory of this process in MiB (Linux /proc; peak RSS elsewhere)."""
     try:
@@ -151,6 +165,7 @@ class TaskThroughput:
     steps_per_sec: float = 0.0
     cluster_examples_per_sec: float = 0.0  # chief only: from the global step
     seconds: float = 0.0
+    peak_memory_mb: float = 0.0  # this process's peak resident memory (VmHWM), at the end
 
 
 class ThroughputHook(v1.train.SessionRunHook):
@@ -175,8 +190,11 @@ class ThroughputHook(v1.train.SessionRunHook):
         cluster_logdir: str | None,
         decay_threshold: float = 0.0,
         decay_window: int = 3,
+        data_weight: tf.Tensor | None = None,
     ):
         self._fetches = {"loss": loss, "global_step": global_step}
+        if data_weight is not None:  # a step in which no tower had data (Join) trained nothing
+            self._fetches["data_weight"] = data_weight
         self._per_local = examples_per_local_step
         self._per_global = examples_per_global_step
         self._every_n = every_n
@@ -206,6 +224,8 @@ class ThroughputHook(v1.train.SessionRunHook):
         return v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
+        if run_values.results.get("data_weight", 1) <= 0:
+            return  # its data has ended: it computed a stand-in batch, not counted
         loss, step = float(run_values.results["loss"]), int(run_values.results["global_step"])
         if not math.isfinite(loss):
             raise DivergedError(
@@ -271,6 +291,7 @@ class ThroughputHook(v1.train.SessionRunHook):
         r = self.result
         now = time.perf_counter()
         r.seconds = now - self._start
+        r.peak_memory_mb = peak_memory_mb()
         r.global_step = int(session.run(self._fetches["global_step"]))
         if self._mark_global is None:
             return

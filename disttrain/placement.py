@@ -414,6 +414,9 @@ class DeviceSetter:
         self.plan = plan
         self.loads = [0] * len(variable_devices)  # bytes placed by this setter, per device
         self.unplanned: list[tf.Operation] = []  # variables placed without a plan, greedily
+        # Where variables the plan does not name go instead (None: greedily onto variable_devices):
+        # a hybrid strategy keeps them on the worker and only its planned tables on the PS.
+        self.unplanned_device: str | None = None
 
     @contextlib.contextmanager
     def tower(self, device: str):
@@ -426,6 +429,8 @@ class DeviceSetter:
     def _variable_device(self, op: tf.Operation) -> str:
         if self.plan is not None and op.name in self.plan.devices:
             task = self.plan.devices[op.name]
+        elif self.unplanned_device is not None:
+            return self.unplanned_device
         else:
             task = min(range(len(self.loads)), key=lambda t: (self.loads[t], t))
             self.unplanned.append(op)

@@ -9,16 +9,32 @@ The rest of the package uses these functions, never the private names.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 
 import tensorflow as tf
+
+# Not exported by tf.*: the proto of a variable in a meta graph's collections (a checkpoint's `.meta`, a
+# SavedModel's graph). The export reads which variables training trained from it, and keeps only the
+# serving variables in a SavedModel's collections. Without it: `exporting` goes.
+# `exporting` also relies on `tf.compat.v1.saved_model.Builder.add_meta_graph_and_variables` taking its
+# meta graph from `saver.export_meta_graph(...)` (TF 2.21's builder_impl): that is where a SavedModel's
+# graph is pruned. If it stops, SavedModels keep the whole graph they were built in (the evaluator's
+# input pipeline: tests/unit/test_export.py fails).
+from tensorflow.core.framework.variable_pb2 import VariableDef
+
+# The v1 dataset class behind tf.compat.v1.data.Dataset and every v1 iterator: `make_one_shot_iterator`
+# (the function and the method) call its `_make_one_shot_iterator`, `make_initializable_iterator` its
+# `_make_initializable_iterator`. Without it: `intercepted_datasets` cannot reach users' iterators.
+from tensorflow.python.data.ops.dataset_ops import DatasetV1
 
 # Not exported by tf.compat.v1: what `get_variable` returns for a partitioned (split) variable.
 # Placement needs it to list a split variable's parts. Without it: split variables go unrecognised.
 from tensorflow.python.ops.variables import PartitionedVariable
 
 # The v1 Saver's own mapping from variables to checkpoint keys (a split variable's parts are slices of one
-# key). Without it: trainer.check_restorable, the chief's start-up check of a checkpoint, goes.
+# key). Without it: trainer.checkpoint_mismatch (the chief's start-up check of a checkpoint, and the
+# export's) goes.
 from tensorflow.python.training.saving.saveable_object_util import op_list_to_dict
 
 v1 = tf.compat.v1
@@ -28,10 +44,13 @@ TF_VERSION_CHECKED = "2.21.0"
 __all__ = [
     "TF_VERSION_CHECKED",
     "PartitionedVariable",
+    "VariableDef",
     "RoundsQueueRunner",
     "add_control_input",
     "checkpoint_keys",
+    "dataset_inputs",
     "in_control_flow",
+    "intercepted_datasets",
     "set_device",
     "set_global_step_read",
     "timeline",
@@ -169,3 +188,98 @@ def checkpoint_keys(variables) -> dict[str, list[int]]:
         else:
             keys[name] = value.shape.as_list()
     return keys
+
+
+def dataset_inputs(dataset: tf.data.Dataset) -> set[tf.Operation]:
+    """Every graph op the dataset `dataset` is built from (its own dataset ops and what they read).
+
+    Why: whether a dataset reads a placeholder (then a one-shot iterator
+    cannot capture it, and it needs its feeds when it starts); tf.data has
+    no public way to ask. Uses `Dataset._variant_tensor`, the dataset's
+    graph tensor. Values a dataset function captures are inputs of its op.
+    """
+    start = dataset._variant_tensor.op  # noqa: SLF001
+    seen, todo = {start}, [start]
+    while todo:
+        for tensor in todo.pop().inputs:
+            if tensor.op not in seen:
+                seen.add(tensor.op)
+                todo.append(tensor.op)
+    return seen
+
+
+_intercepted = {"depth": 0}  # blocks of intercepted_datasets open in the process
+_intercepted_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def intercepted_datasets(sources: Callable, reads_feeds: Callable, started: Callable):
+    """While the block runs, datasets built from values and their v1 iterators are redirected.
+
+    - `tf.data.Dataset.from_tensor_slices(x)` and `from_tensors(x)` (and
+      `tf.compat.v1.data.Dataset`'s, which call them) build from `sources(x)`;
+    - a v1 one-shot iterator (`tf.compat.v1.data.make_one_shot_iterator(d)`,
+      `d.make_one_shot_iterator()`) over a dataset for which `reads_feeds(d)`
+      is made initializable instead (a one-shot iterator cannot capture a
+      placeholder), and every initializable iterator over such a dataset,
+      those included, is handed to `started(iterator)`, whose owner then
+      runs its initializer with the feeds.
+
+    The redirection is process-wide: blocks open at once (nested, or in
+    other threads) share the first block's functions, and it ends with the
+    last. Why here: TF 1's guide feeds large arrays through placeholders at
+    iterator initialisation, and these calls are in the user's own code.
+    Replaces, for the block, the static methods of the public
+    `tf.data.Dataset` and the private `DatasetV1._make_one_shot_iterator`
+    and `_make_initializable_iterator` (TF 2.21.0 routes both module
+    functions and both methods through them). If they move, arrays are
+    written into the graph as constants again (and the large-constant
+    warning says so).
+    """
+    with _intercepted_lock:
+        _intercepted["depth"] += 1
+        if _intercepted["depth"] == 1:
+            _intercepted["saved"] = _intercept(sources, reads_feeds, started)
+    try:
+        yield
+    finally:
+        with _intercepted_lock:
+            _intercepted["depth"] -= 1
+            if _intercepted["depth"] == 0:
+                for owner, name, saved in _intercepted.pop("saved"):
+                    setattr(owner, name, saved)
+
+
+def _intercept(sources: Callable, reads_feeds: Callable, started: Callable) -> list[tuple[type, str, object]]:
+    """Install intercepted_datasets' redirections; return (class, name, what was there) to put back."""
+    dataset_class = tf.data.Dataset
+    slices, tensors = dataset_class.from_tensor_slices, dataset_class.from_tensors
+    one_shot, initializable = DatasetV1._make_one_shot_iterator, DatasetV1._make_initializable_iterator  # noqa: SLF001
+
+    def from_tensor_slices(values, name=None):
+        return slices(sources(values), name=name)
+
+    def from_tensors(values, name=None):
+        return tensors(sources(values), name=name)
+
+    def make_initializable_iterator(dataset, shared_name=None):
+        iterator = initializable(dataset, shared_name)
+        if reads_feeds(dataset):
+            started(iterator)
+        return iterator
+
+    def make_one_shot_iterator(dataset):
+        if reads_feeds(dataset):
+            return make_initializable_iterator(dataset)
+        return one_shot(dataset)
+
+    replaced = [
+        (dataset_class, "from_tensor_slices", staticmethod(from_tensor_slices)),
+        (dataset_class, "from_tensors", staticmethod(from_tensors)),
+        (DatasetV1, "_make_one_shot_iterator", make_one_shot_iterator),
+        (DatasetV1, "_make_initializable_iterator", make_initializable_iterator),
+    ]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
+    for owner, name, value in replaced:
+        setattr(owner, name, value)
+    return saved

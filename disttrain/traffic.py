@@ -200,37 +200,47 @@ def ring_host_bytes(workers: int, dense_bytes: float, sparse_bytes: float = 0.0)
 
 
 def link_loads(
-    layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0
+    layout: str,
+    dense_bytes: float,
+    workers: int,
+    ps: int,
+    sparse_bytes: float = 0.0,
+    dense_over_ring: bool = False,
 ) -> list[LinkLoad]:
     """Every kind of host link in `layout` and its bytes per round each way (see module doc).
 
     `dense_bytes` is D, `sparse_bytes` R (0: a model without tables, whose D is all its bytes).
+    `dense_over_ring` (SyncHybrid, a PS layout): the PS tasks move the rows alone, R/P each, and
+    every worker host's link also carries the workers' ring of D, 2D(N-1)/N.
     """
     _check(layout, dense_bytes, sparse_bytes, workers, ps)
     d, r, n, p = float(dense_bytes), float(sparse_bytes), workers, ps
     if layout == RING:
         return [LinkLoad("worker", n, ring_host_bytes(n, d, r))]
-    share = [(d + r) / p] * p
+    share = [(r if dense_over_ring else d + r) / p] * p
+    ring = ring_host_bytes(n, d) if dense_over_ring else 0.0
     if layout == DEDICATED:
         hosts = ps_host_bytes([1] * n + [0] * p, [n + j for j in range(p)], share)
-        return [LinkLoad("worker", n, hosts[0]), LinkLoad("ps", p, hosts[n])]
+        return [LinkLoad("worker", n, hosts[0] + ring), LinkLoad("ps", p, hosts[n])]
     hosts = ps_host_bytes([1] * n, list(range(p)), share)  # colocated: PS j on worker j's host
-    loads = [LinkLoad("worker+ps", p, hosts[0])]
+    loads = [LinkLoad("worker+ps", p, hosts[0] + ring)]
     if n > p:
-        loads.append(LinkLoad("worker", n - p, hosts[p]))
+        loads.append(LinkLoad("worker", n - p, hosts[p] + ring))
     return loads
 
 
 def busiest_bytes_per_round(
-    layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0
+    layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0, dense_over_ring=False
 ) -> float:
-    return max(x.bytes_per_round for x in link_loads(layout, dense_bytes, workers, ps, sparse_bytes))
+    loads = link_loads(layout, dense_bytes, workers, ps, sparse_bytes, dense_over_ring)
+    return max(x.bytes_per_round for x in loads)
 
 
 def least_bytes_per_round(
-    layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0
+    layout: str, dense_bytes: float, workers: int, ps: int, sparse_bytes: float = 0.0, dense_over_ring=False
 ) -> float:
-    return min(x.bytes_per_round for x in link_loads(layout, dense_bytes, workers, ps, sparse_bytes))
+    loads = link_loads(layout, dense_bytes, workers, ps, sparse_bytes, dense_over_ring)
+    return min(x.bytes_per_round for x in loads)
 
 
 LOOKUP_BATCHES = 20  # batches over which the rows a step looks up are averaged

@@ -20,7 +20,17 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, metrics, preemption, recovery, run_steps, servers, tf_internals
+from disttrain import (
+    input_context,
+    input_feeds,
+    metrics,
+    placement,
+    preemption,
+    recovery,
+    run_steps,
+    servers,
+    tf_internals,
+)
 from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
@@ -395,29 +405,73 @@ def usable_checkpoint(logdir: str) -> str | None:
     return None
 
 
-def check_restorable(checkpoint: str | None, variables) -> None:
-    """Refuse, in one line before any session, a checkpoint this graph cannot restore.
+def checkpoint_mismatch(checkpoint: str, variables) -> str | None:
+    """What first stops `variables` from being restored from `checkpoint`, as words; None if nothing.
 
     Split variables are compared whole (key and shape), as the Saver reads
     them: TF re-slices a checkpoint written on any number of PS for any
-    other and for one process. A variable the checkpoint lacks, or holds in
-    another shape, would otherwise fail the restore on the PS tasks with
-    pages of traceback.
+    other and for one process. E.g. "has no variable 'fc1/weights'".
     """
-    if checkpoint is None:
-        return
     saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
     for name, shape in sorted(tf_internals.checkpoint_keys(variables).items()):
         if name not in saved:
-            problem = "has no variable"
-        elif list(saved[name]) != shape:
-            problem = f"holds {list(saved[name])}, not {shape}, for"
-        else:
-            continue
+            return f"has no variable {name!r}"
+        if list(saved[name]) != shape:
+            return f"holds {list(saved[name])}, not {shape}, for {name!r}"
+    return None
+
+
+def check_restorable(checkpoint: str | None, variables) -> None:
+    """Refuse, in one line before any session, a checkpoint this graph cannot restore.
+
+    A variable the checkpoint lacks, or holds in another shape, would
+    otherwise fail the restore on the PS tasks with pages of traceback.
+    """
+    if checkpoint is None:
+        return
+    problem = checkpoint_mismatch(checkpoint, variables)
+    if problem is not None:
         raise ConfigError(
-            f"the checkpoint {checkpoint} {problem} {name!r} of this model: it was written by another "
+            f"the checkpoint {checkpoint} {problem} of this model: it was written by another "
             "model or optimizer; give a new --logdir (or logdir=), or train what wrote it"
         )
+
+
+def check_replica_memory(graph: tf.Graph, task: str, cap: int | None) -> None:
+    """Refuse, in one line before any session, a model whose variables on this replica exceed `cap` bytes.
+
+    Counts every variable not on a PS task (optimizer slots, worker-side
+    copies and mirrors included), and names the largest embedding table
+    among them, since a table is what outgrows a worker.
+    """
+    if cap is None:
+        return
+    held = [
+        spec
+        for spec in placement.variable_specs(graph)
+        if tf.DeviceSpec.from_string(graph.get_operation_by_name(spec.name).device).job != "ps"
+    ]
+    total = sum(spec.nbytes for spec in held)
+    if total <= cap:
+        return
+    tables: dict[str, int] = collections.defaultdict(int)
+    for spec in held:
+        if spec.table:
+            tables[spec.name.rsplit("/part_", 1)[0]] += spec.nbytes
+    if tables:
+        name = max(tables, key=tables.get)
+        largest = f"its largest table, {name}, is {_bytes(tables[name])}"
+    else:
+        largest = f"its largest variable, {max(held, key=lambda s: s.nbytes).name}, holds the most"
+    raise ConfigError(
+        f"{task} would hold {_bytes(total)} of variables, over replica_memory_bytes={cap} ({_bytes(cap)}): "
+        f"{largest}; SyncHybrid keeps embedding tables on the PS tasks, cut by rows, and only the rest on "
+        "each replica"
+    )
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def check_writable(logdir: str) -> None:
@@ -466,7 +520,8 @@ def monitored_session(
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
     stop_at = _StopAtStep(last_step=steps, stop_at=strategy.stop_at)
-    all_hooks = [*strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
+    # The fed inputs start first: a strategy's hook may run steps when its session starts.
+    all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
     all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step, watchdog)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
@@ -493,7 +548,8 @@ def monitored_session(
             )
         )
     # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
-    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, bool(notices))
+    live = bool(notices) and strategy.adopts_live_ps_state
+    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live)
     watchdog.start().enter("creating the session", settings.peer_wait_secs)
     with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
         creator = _Reconnecting(creator, on_reconnect, lost_peer_log, watchdog, settings.peer_wait_secs)
@@ -544,6 +600,7 @@ def _throughput_hook(
         cluster_logdir=logdir if cluster.is_chief else None,
         decay_threshold=settings.decay_threshold,
         decay_window=settings.decay_window,
+        data_weight=strategy.data_weight,
     )
 
 

@@ -106,3 +106,13 @@ class Model:
     def build_variables(self) -> None:
         """Create this model's variables in the current graph (for placement planning)."""
         self(tf.zeros((1,) + tuple(self.input_shape)), training=True)
+
+    def serving_inputs(self) -> dict[str, tf.TensorSpec]:
+        """What `serve` takes, for `disttrain.export`: a batch of any size of `input_shape` features."""
+        return {"features": tf.TensorSpec((None, *self.input_shape), tf.float32)}
+
+    def serve(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The model for serving (inference mode): logits, class probabilities and the predicted class."""
+        logits = self(inputs["features"], training=False)
+        classes = tf.argmax(logits, -1, output_type=tf.int32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits), "classes": classes}

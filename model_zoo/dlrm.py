@@ -111,6 +111,18 @@ class DLRM(Model):
         ids = tf.zeros([1, self.num_categorical], tf.int64)
         self((dense, ids), training=True)
 
+    def serving_inputs(self) -> dict[str, tf.TensorSpec]:
+        """A batch of any size: dense features (float32) and categorical ids (int64)."""
+        return {
+            "dense": tf.TensorSpec([None, self.num_dense], tf.float32),
+            "ids": tf.TensorSpec([None, self.num_categorical], tf.int64),
+        }
+
+    def serve(self, inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The click logit and its probability, per example."""
+        logits = self((inputs["dense"], inputs["ids"]), training=False)
+        return {"logits": logits, "probabilities": tf.sigmoid(logits)}
+
 
 def _embedding_scope(column: int) -> str:
     return f"embedding_{column}"

@@ -65,17 +65,18 @@ def bound(
     link_bytes_per_sec: float,
     compute_time: float,
     sparse_bytes: float = 0.0,
+    dense_over_ring: bool = False,
 ) -> Bound:
     """The physical bound of `layout` (see the module docstring for the derivation).
 
     `dense_bytes` is D, `sparse_bytes` R, `link_bytes_per_sec` B (math.inf
-    for no limit), `compute_time` C.
+    for no limit), `compute_time` C; `dense_over_ring`: as `traffic.link_loads`.
     """
     if not compute_time > 0:
         raise ValueError(f"compute_time must be > 0, got {compute_time!r}")
     if not link_bytes_per_sec > 0:
         raise ValueError(f"link_bytes_per_sec must be > 0, got {link_bytes_per_sec!r}")
-    busiest = busiest_bytes_per_round(layout, dense_bytes, workers, ps, sparse_bytes)
+    busiest = busiest_bytes_per_round(layout, dense_bytes, workers, ps, sparse_bytes, dense_over_ring)
     comm = busiest / link_bytes_per_sec  # 0 when unlimited
     round_time = max(compute_time, comm)
     return Bound(

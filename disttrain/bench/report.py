@@ -27,6 +27,7 @@ COLUMNS = (  # (header, key or function of a row, format)
     ("min MB/st", "min_link_bytes_per_step", "MB"),
     ("exp MB/st", "expected_busiest_link_bytes_per_step", "MB"),
     ("PS max/mean", "ps_load_max_over_mean", "{:.2f}"),
+    ("worker MB", "worker_peak_memory_mb", "{:.0f}"),
     ("others", "other_busy_cores", "{:.1f}"),
 )
 NOISY_CORES = 0.3  # other processes busier than this during a run: its figures are suspect

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import local, metrics, placement, strategies, traffic, zoo_run
+from disttrain import launch, local, metrics, placement, strategies, traffic, zoo_run
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
@@ -61,11 +61,18 @@ class StrategyKind:
     class_name: str  # the gin name and class name
     synchronous: bool
     uses_ps: bool
+    dense_over_ring: bool = False
 
     @classmethod
     def of(cls, strategy: type[strategies.Strategy], class_name: str | None = None) -> StrategyKind:
-        """What `strategy` declares (kind, synchronous, uses_ps), under its own name or `class_name`."""
-        return cls(strategy.kind, class_name or strategy.__name__, strategy.synchronous, strategy.uses_ps)
+        """What `strategy` declares (kind, synchronous, uses_ps, ...), under its own name or `class_name`."""
+        return cls(
+            strategy.kind,
+            class_name or strategy.__name__,
+            strategy.synchronous,
+            strategy.uses_ps,
+            strategy.dense_over_ring,
+        )
 
     @property
     def binding(self) -> str:
@@ -78,6 +85,15 @@ TF_DEFAULT = StrategyKind.of(strategies.TFDefault)
 # TF 2's strategies (bench.tf2): not gin bindings; each is counted as the disttrain strategy it matches.
 TF2_PSS = StrategyKind.of(strategies.AsyncParameterServer, "ParameterServerStrategy")
 TF2_MWMS = StrategyKind.of(strategies.SyncAllReduce, "MultiWorkerMirroredStrategy")
+
+
+def _strategy_of(system: str) -> str | None:
+    """'hybrid' for the system 'disttrain:hybrid' (disttrain under that strategy), else None.
+
+    Several strategies of disttrain run beside the peers in one benchmark run that way.
+    """
+    name, _, kind = system.partition(":")
+    return kind if name == "disttrain" and kind else None
 
 
 _logdirs = itertools.count(1)
@@ -173,9 +189,12 @@ class Benchmark:
             raise BenchError(f"--workers={list(c.workers)}: need worker counts >= 1")
         if not c.ps or min(c.ps) < 1:
             raise BenchError(f"--ps={list(c.ps)}: need PS counts >= 1")
-        bad = [s for s in c.systems if s not in SYSTEMS]
+        bad = [s for s in c.systems if s not in SYSTEMS and _strategy_of(s) not in STRATEGIES]
         if bad or not c.systems:
-            raise BenchError(f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}")
+            raise BenchError(
+                f"--systems={','.join(c.systems)}: expected some of {', '.join(SYSTEMS)}, or "
+                f"disttrain:<strategy> ({', '.join(STRATEGIES)})"
+            )
         if c.strategy is not None and c.strategy not in STRATEGIES:
             raise BenchError(f"--strategy={c.strategy}: expected one of {', '.join(STRATEGIES)}")
         if c.repeats < 1:
@@ -194,6 +213,8 @@ class Benchmark:
     def _kind(self, system: str) -> StrategyKind:
         if system == "tf_default":
             return TF_DEFAULT
+        if _strategy_of(system) is not None:
+            return STRATEGIES[_strategy_of(system)]
         if system in tf2.PEERS:
             return TF2_PSS if tf2.PEERS[system].uses_ps else TF2_MWMS
         if self.config.strategy is not None:
@@ -468,7 +489,7 @@ class Benchmark:
             why = f"colocated PS needs ps <= workers ({spec.ps} > {spec.workers})"
             self.log(f"{self._elapsed()} {where} {spec.label}: skipped, {why}")
             return {"skipped": why}
-        name = f"{k + 1:02d}_{spec.system}_{spec.workers}w{spec.ps}ps" + (
+        name = f"{k + 1:02d}_{spec.system.replace(':', '_')}_{spec.workers}w{spec.ps}ps" + (
             f"_{rep + 1}" if c.repeats > 1 else ""
         )
         logdir = self._fresh(os.path.join(c.logdir, name))
@@ -516,7 +537,10 @@ class Benchmark:
             row["skipped"] = best["skipped"]
             return row
         per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
-        loads_per_round = traffic.link_loads(spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse)
+        ring = spec.kind.dense_over_ring
+        loads_per_round = traffic.link_loads(
+            spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse, ring
+        )
         row["expected_busiest_link_bytes_per_step"] = (
             max(x.bytes_per_round for x in loads_per_round) / per_round
         )
@@ -524,7 +548,7 @@ class Benchmark:
         if ref:
             link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
             b = bound_lib.bound(
-                spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse
+                spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse, ring
             )
             row.update(
                 bound_steps_per_sec=b.steps_per_sec,
@@ -539,6 +563,8 @@ class Benchmark:
             row["error"] = best["error"]
             return row
         m, roles = best["measurement"], best["roles"]
+        peaks = [r.get("peak_memory_mb", 0.0) for r in launch.read_results(best["logdir"]).values()]
+        row["worker_peak_memory_mb"] = max(peaks) if peaks else None  # what a replica holds
         per_worker = list(m.steps_per_sec.values())
         steps = m.cluster_examples_per_sec / batch
         # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.

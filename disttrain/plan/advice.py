@@ -70,11 +70,26 @@ def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
             )
         if k.kind == cost.ASYNC_PS and not k.overlap:
             yield "async PS with overlap=True", model, s, rep(k, overlap=True)
+        if k.kind == cost.HYBRID:
+            yield "sync PS for the dense layers too, instead of the ring", model, s, rep(k, kind=cost.SYNC_PS)
+            yield from _bucket_sizes(model, s, k)
+        elif model.sparse_bytes and k.synchronous:
+            yield (
+                "the hybrid: tables on the PS, the dense layers over a ring",
+                model,
+                s,
+                cost.Strategy(cost.HYBRID, transfer_bits=k.transfer_bits, transport=k.transport),
+            )
     else:
-        for factor, word in ((4, "larger"), (0.25, "smaller")):
-            bucket = int(k.bucket_bytes * factor)
-            yield f"{bucket / 2**20:g} MiB buckets ({word})", model, s, rep(k, bucket_bytes=bucket)
+        yield from _bucket_sizes(model, s, k)
         ps = s.hosts
+        if model.sparse_bytes and (k.transport is None or k.transport.name == cost.GRPC):
+            yield (
+                f"the hybrid: tables on {ps} PS colocated, the dense layers over the ring",
+                model,
+                rep(s, ps=ps, ps_hosts=cost.COLOCATED),
+                cost.Strategy(cost.HYBRID, bucket_bytes=k.bucket_bytes, transfer_bits=k.transfer_bits),
+            )
         yield (
             f"async PS with overlap, {ps} PS colocated, instead of all-reduce",
             model,
@@ -97,6 +112,18 @@ def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
         s,
         k,
     )
+
+
+def _bucket_sizes(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
+    """Buckets four times larger and smaller, for the strategies with a ring."""
+    for factor, word in ((4, "larger"), (0.25, "smaller")):
+        bucket = int(strategy.bucket_bytes * factor)
+        yield (
+            f"{bucket / 2**20:g} MiB buckets ({word})",
+            model,
+            shape,
+            dataclasses.replace(strategy, bucket_bytes=bucket),
+        )
 
 
 def changes(

@@ -52,7 +52,8 @@ from disttrain.errors import ConfigError
 ASYNC_PS = strategies.AsyncParameterServer.kind
 SYNC_PS = strategies.SyncParameterServer.kind
 ALLREDUCE = strategies.SyncAllReduce.kind
-STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE)
+HYBRID = strategies.SyncHybrid.kind
+STRATEGIES = (ASYNC_PS, SYNC_PS, ALLREDUCE, HYBRID)
 DISTTRAIN, ROUND_ROBIN, GREEDY = "disttrain", "round_robin", "greedy"
 PLACEMENTS = (DISTTRAIN, ROUND_ROBIN, GREEDY)
 COLOCATED, DEDICATED = traffic_lib.COLOCATED, traffic_lib.DEDICATED
@@ -219,7 +220,7 @@ class Strategy:
             parts.append("overlap")
         if self.uses_ps and self.piece_bytes:
             parts.append(f"{self.piece_bytes / 2**20:g} MiB pieces")
-        if self.kind == ALLREDUCE:
+        if self.kind in (ALLREDUCE, HYBRID):
             parts.append(f"{self.bucket_bytes / 2**20:g} MiB buckets")
         if self.transfer_bits == 16:
             parts.append("16-bit transfer")
@@ -502,6 +503,41 @@ def _ring_traffic(shape: Shape, strategy: Strategy, dense: float, rows: float) -
     )
 
 
+def _hybrid_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants, dense: float, rows: float):
+    """SyncHybrid: the dense bytes round a ring of the workers, the tables' rows to and from the PS.
+
+    Each host's link carries both. The PS side moves rows only: a push and a
+    lookup per table part a worker touches (one message each way per PS).
+    """
+    ring = _ring_traffic(shape, strategy, dense, 0.0)
+    tables, layout = _ps_traffic(model, shape, strategy, c, 0.0, rows)
+    workers_on, ps_host, _ = _hosts(shape)
+    per_worker = 2  # the rows pushed, the rows looked up
+    messages = [0.0] * len(workers_on)
+    for h in ps_host:
+        messages[h] += per_worker * shape.workers
+        for g, count in enumerate(workers_on):
+            messages[g] += per_worker * count
+    per_ps = shape.towers_per_worker * rows / shape.ps
+    ps_work = [shape.workers * (2 * c.rpc_cpu_s_per_byte * per_ps + per_worker * c.per_message_s)] * shape.ps
+    links = len(workers_on)
+    ring_link = ring.link + [0.0] * (links - len(ring.link))
+    ring_local = ring.local + [0.0] * (links - len(ring.local))
+    ring_messages = ring.messages + [0.0] * (links - len(ring.messages))
+    traffic = Traffic(
+        link=[a + b for a, b in zip(ring_link, tables.link, strict=True)],
+        local=[a + b for a, b in zip(ring_local, tables.local, strict=True)],
+        remote=ring.remote + tables.remote,
+        rows_remote=tables.rows_remote,
+        phase=tables.phase,
+        messages=[a + b for a, b in zip(ring_messages, messages, strict=True)],
+        ps_work=ps_work,
+        chunks=ring.chunks,
+        hop_chain=ring.hop_chain,
+    )
+    return traffic, layout
+
+
 def _worker_path(
     strategy: Strategy,
     c: Constants,
@@ -541,7 +577,13 @@ def _worker_path(
         return latency + pipelined(fwd, bwd, both + host / 2, t.chunks, 0) + both + host / 2 + steal, latency
     # All-reduce: a bucket is summed in the host, goes round the ring, is copied back, then the next.
     per_bucket = t.hop_chain * (one_way + c.per_message_s)
-    return pipelined(fwd, bwd, max(link_time) + host, t.chunks, per_bucket) + steal, t.chunks * per_bucket
+    ring = pipelined(fwd, bwd, max(link_time) + host, t.chunks, per_bucket)
+    if strategy.kind == HYBRID:
+        # The tables' rows: looked up before the forward pass, pushed during backprop beside the
+        # ring, then the step's token (the aggregator's one update).
+        lookup = t.rows_remote / rate + rtt if t.rows_remote else 0.0
+        return lookup + ring + rtt + steal, t.chunks * per_bucket + 2 * rtt
+    return ring + steal, t.chunks * per_bucket
 
 
 def _host_time(shape: Shape, strategy: Strategy, dense: float) -> float:
@@ -581,7 +623,9 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
     host = _host_time(shape, strategy, dense)
     layout = None
-    if strategy.uses_ps:
+    if strategy.kind == HYBRID:
+        t, layout = _hybrid_traffic(model, shape, strategy, c, dense, rows)
+    elif strategy.uses_ps:
         t, layout = _ps_traffic(model, shape, strategy, c, dense, rows)
     else:
         t = _ring_traffic(shape, strategy, dense, rows)

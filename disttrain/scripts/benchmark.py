@@ -27,8 +27,10 @@ flags.DEFINE_list("ps", ["1"], "PS counts to run (ignored by all-reduce).")
 flags.DEFINE_list(
     "systems",
     ["disttrain", "tf_default"],
-    "disttrain (the config's strategy), tf_default (TF 1 round robin, async PS); TF 2's own, for the MLP: "
-    "tf2_pss, tf2_pss_minsize (ParameterServerStrategy, async PS), tf2_mwms (MultiWorkerMirrored, ring).",
+    "disttrain (the config's strategy, or --strategy), disttrain:<strategy> (one run each, e.g. "
+    "disttrain:hybrid,disttrain:sync_ps,disttrain:allreduce), tf_default (TF 1 round robin, async PS); "
+    "TF 2's own, for the MLP: tf2_pss, tf2_pss_minsize (ParameterServerStrategy, async PS), tf2_mwms "
+    "(MultiWorkerMirrored, ring).",
 )
 flags.DEFINE_enum(
     "strategy", None, list(strategies.by_kind()), "disttrain's strategy (default: the config's)."

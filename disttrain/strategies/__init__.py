@@ -13,6 +13,7 @@ import inspect
 from disttrain.strategies.allreduce import SyncAllReduce
 from disttrain.strategies.async_ps import AsyncParameterServer
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.hybrid import SyncHybrid
 from disttrain.strategies.ps import PsStrategy
 from disttrain.strategies.sync_ps import SyncParameterServer
 from disttrain.strategies.tf_default import TFDefault
@@ -22,6 +23,7 @@ __all__ = [
     "PsStrategy",
     "Strategy",
     "SyncAllReduce",
+    "SyncHybrid",
     "SyncParameterServer",
     "TFDefault",
 ]

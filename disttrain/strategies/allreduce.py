@@ -235,6 +235,7 @@ class SyncAllReduce(Strategy):
     """
 
     kind = "allreduce"
+    dense_over_ring = True
     synchronous = True
     uses_ps = False
     knobs = ("bucket_bytes", "transfer_dtype", "communication_hint")
@@ -296,25 +297,39 @@ class SyncAllReduce(Strategy):
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if self.step_in_run == 0:
-            # Instance keys restart with every graph, in build order, so they match on every task.
-            self._keys = itertools.count(1)
-            self._vote = None
-        contributed = self.data_weight  # towers with real data: this replica's, then the group's
-        vote = None
+            self.start_graph()
+        contributed, vote = self.data_weight, None  # towers with real data: this replica's
         if self.group_size > 1:
-            joined = self.data_weight is not None
-            if joined:  # the group's count first: every mean divides by it
-                vote = self._build_vote(self.data_weight)
-                contributed = vote[1] * self.group_size
-            grads_and_vars = self._all_reduced(grads_and_vars, contributed if joined else None)
-            if not joined and self.step_in_run == 0:  # the preemption flag: once per run
-                vote = self._build_vote(None)
+            grads_and_vars, contributed, vote = self.summed(grads_and_vars, self.step_in_run == 0)
         with tf.device(self.compute_devices[0]):
             grads_and_vars = self.clip_aggregate(grads_and_vars)
         update = self.when_data(
             lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step), contributed
         )
         return update if vote is None else tf.group(update, vote, name="train_and_vote")
+
+    def start_graph(self) -> None:
+        """Before a graph's first step: instance keys restart, in build order, so they match on every
+        task; the vote is made again."""
+        self._keys = itertools.count(1)
+        self._vote = None
+
+    def summed(self, grads_and_vars, first_step: bool):
+        """The step's gradients summed over the group: (the mean gradients, the group's towers with
+        data or None, the step's vote to run with it or None).
+
+        Every step with uneven inputs (Join) votes first: its count divides
+        the sums. Without, the preemption flag is voted in a run's first step.
+        """
+        contributed, vote = None, None
+        joined = self.data_weight is not None
+        if joined:  # the group's count first: every mean divides by it
+            vote = self._build_vote(self.data_weight)
+            contributed = vote[1] * self.group_size
+        grads_and_vars = self._all_reduced(grads_and_vars, contributed)
+        if not joined and first_step:
+            vote = self._build_vote(None)
+        return grads_and_vars, contributed, vote
 
     def _build_vote(self, data_weight: tf.Tensor | None) -> tf.Tensor:
         """A step's small all-reduce: [this replica's preemption flag, its towers with data]; its mean.

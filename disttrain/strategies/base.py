@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, placement, run_steps, schedules
+from disttrain import input_context, input_feeds, placement, run_steps, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
 from disttrain.config import steps_count
@@ -271,6 +271,11 @@ class Strategy(abc.ABC):
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
+    # Its dense gradients are summed over a ring of the replicas (what crosses each link then).
+    dense_over_ring = False
+    # A restarted chief adopts the variables live PS tasks still hold (rather than restoring an
+    # older checkpoint over them); False when part of the model lived in the replicas.
+    adopts_live_ps_state = True
     # How optimizer.compute_gradients gates a backprop op's gradients (TF's default: all of an
     # op's input gradients are computed before any is used).
     gate_gradients = v1.train.Optimizer.GATE_OP
@@ -576,7 +581,8 @@ class Strategy(abc.ABC):
         its towers are averaged) or the aggregate's (`disttrain.clipping`).
         A loss function that takes one argument gets the `InputContext` of
         the tower it builds (its replica and tower, `batch_size`, `shard()`,
-        `get_next()`).
+        `get_next()`). NumPy arrays its datasets are built from are fed when
+        the input starts (`disttrain.input_feeds`), not written into the graph.
         `accumulate_steps` k: each update is the mean gradient of k
         micro-batches per tower, built one after the other (`_build_towers`);
         the state updates are the first micro-batch's. `steps_per_run` s: the
@@ -599,6 +605,8 @@ class Strategy(abc.ABC):
             )
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
+        if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
+            loss = input_feeds.feeding(loss)
         self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()

@@ -98,6 +98,9 @@ class SyncParameterServer(PsStrategy):
     def _me(self) -> int:
         return max(self.cluster.replica_index, 0) if self.cluster.is_replica else 0
 
+    # Whether a step closes only once every replica has reported (SyncHybrid: see _Aggregator).
+    closes_with_every_replica = False
+
     def examples_per_step(self, batch_size: int) -> int:
         return self.replicas_to_aggregate * super().examples_per_step(batch_size)
 
@@ -246,7 +249,7 @@ class SyncParameterServer(PsStrategy):
         hooks = [_DrainOwnTokens(self._sync.drain)]
         if self.cluster.is_chief:
             n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
-            hooks.append(_Aggregator(self._sync, n, needed, last_step))
+            hooks.append(_Aggregator(self._sync, n, needed, last_step, every=self.closes_with_every_replica))
         return hooks
 
 
@@ -382,14 +385,25 @@ class _Aggregator(v1.train.SessionRunHook):
 
     Uneven inputs (Join): a report with no towers of real data comes from a
     replica whose input has ended. It is not counted; it waits for the open
-    step to close and is released with it, and the steps close on the
-    replicas still reading (N-b less those whose input ended, at least one).
+    step to close and is released with it (at once, if its step has closed:
+    under SyncHybrid the next step's ring needs it), and the steps close on
+    the replicas still reading (N-b less those whose input ended, at least
+    one).
     When every replica's input has ended, training is over: the token queues
     are closed and every replica stops.
+
+    With `every` (SyncHybrid) a step closes only once every replica has
+    reported, those whose input ended included, and all are released by one
+    run: their steps share one step id (the ring's collectives synchronise
+    it), and the first to end cleans that step up on the PS, which would
+    abort another replica's part of it still waiting there for its token.
     """
 
-    def __init__(self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None):
+    def __init__(
+        self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None, every: bool = False
+    ):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
+        self._every = every
         self._threads: list[threading.Thread] = []
         self._closing = False  # set at the end of training: the token queues are being closed
         self.ended: set[int] = set()  # replicas whose input has ended (Join)
@@ -422,6 +436,12 @@ class _Aggregator(v1.train.SessionRunHook):
         if preemption.requested():
             return  # the restarted chief's aggregator goes on with the same queues
         self._close_queues(session)
+
+    def _closes(self, arrived: set[int], waiting: set[int]) -> bool:
+        """Whether the open step closes now: enough fresh reports, or (`every`) every replica's."""
+        if self._every:
+            return bool(arrived) and len(arrived | waiting) == self._n
+        return bool(arrived) and len(arrived) >= max(1, self._needed - len(self.ended))
 
     def _close_queues(self, session) -> None:
         """The end of training: every replica waiting at its token stops (its dequeue fails)."""
@@ -461,6 +481,9 @@ class _Aggregator(v1.train.SessionRunHook):
                 if weight == 0:
                     if self._ended_input(session, replica, step):
                         return  # every replica's data has ended: the queues are closed
+                    if tag < step and not self._every:  # its step has closed: it must not wait for the next
+                        session.run(ops.release[replica])
+                        continue
                     waiting.add(replica)
                 elif tag != step:  # its gradients were dropped: let it start again from fresh values
                     self.stale += 1
@@ -472,7 +495,7 @@ class _Aggregator(v1.train.SessionRunHook):
                 else:
                     self.ended.discard(replica)  # restarted from an earlier position: it reads again
                     arrived.add(replica)
-                if arrived and len(arrived) >= max(1, self._needed - len(self.ended)):
+                if self._closes(arrived, waiting):
                     feed = {ops.needed: len(arrived)}
                     session.run([ops.update_and_release[r] for r in sorted(arrived | waiting)], feed)
                     step += 1

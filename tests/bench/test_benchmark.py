@@ -230,3 +230,14 @@ def test_each_benchmark_gets_its_own_log_directory():
     first, second = (runner.BenchConfig(gin_files=[], load_config=None).logdir for _ in range(2))
     assert first != second
     assert os.path.dirname(first) == os.path.dirname(second) == "/tmp/disttrain_bench"
+
+
+def test_several_strategies_of_disttrain_are_systems_of_one_run(tmp_path):
+    assert runner._strategy_of("disttrain:hybrid") == "hybrid"
+    assert runner._strategy_of("disttrain") is None and runner._strategy_of("tf_default") is None
+    done, _, _ = benchmark(
+        ["--gin_file=gin/bench/mlp.gin", "--systems=disttrain:nope"], tmp_path, timeout=120
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "--systems=disttrain:nope" in last and "disttrain:<strategy>" in last and "hybrid" in last, last

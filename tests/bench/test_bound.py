@@ -202,3 +202,19 @@ def test_bound_with_rows():
     assert r.comm_time == pytest.approx(0.024)
     with pytest.raises(ValueError, match="sparse_bytes"):
         tr.link_loads(tr.DEDICATED, 1, 1, 1, sparse_bytes=-1)
+
+
+def test_the_hybrid_sends_rows_through_the_ps_and_dense_bytes_round_the_workers_ring():
+    d, r, n, p = 2e6, 1e6, 4, 2
+    dedicated = {
+        x.role: x.bytes_per_round for x in tr.link_loads(tr.DEDICATED, d, n, p, r, dense_over_ring=True)
+    }
+    ring = 2 * d * (n - 1) / n
+    assert dedicated["worker"] == pytest.approx(r + ring)  # its rows, pulled and pushed, and the ring
+    assert dedicated["ps"] == pytest.approx(n * r / p)  # rows only: no dense byte reaches a PS
+    colocated = tr.link_loads(tr.COLOCATED, d, n, p, r, dense_over_ring=True)
+    plain = tr.link_loads(tr.COLOCATED, 0.0, n, p, r)
+    for hybrid, rows_only in zip(colocated, plain, strict=True):
+        assert hybrid.bytes_per_round == pytest.approx(rows_only.bytes_per_round + ring)
+    bound = b.bound(tr.DEDICATED, d, n, p, 1e8, 0.001, r, dense_over_ring=True)
+    assert bound.busiest_bytes_per_round == pytest.approx(max(r + ring, n * r / p))

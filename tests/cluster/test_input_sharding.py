@@ -57,8 +57,11 @@ def loss_fn(ctx):
         r, {{"id": tf.io.FixedLenFeature([], tf.int64)}})["id"]).batch(ctx.batch_size))
     read = tf.numpy_function(record, [ids, ctx.data_present(), ctx.replica_index, ctx.tower_index], tf.int64)
     w = v1.get_variable("w", [], initializer=v1.zeros_initializer())
-    # The gradient is the batch's mean id / IDS: the final w tells which batches each step applied.
-    return w * tf.reduce_mean(tf.cast(ids, tf.float32)) / {ids} + 0.0 * tf.cast(read, tf.float32)
+    table = v1.get_variable("table", [{ids}, 1], initializer=v1.zeros_initializer())
+    # w's gradient is the batch's mean id / IDS, row i of the table's is 1 / batch for the batch that
+    # holds id i: the final values tell which batches each step applied, and with what weight.
+    rows = tf.reduce_mean(tf.nn.embedding_lookup(table, ids))
+    return w * tf.reduce_mean(tf.cast(ids, tf.float32)) / {ids} + rows + 0.0 * tf.cast(read, tf.float32)
 
 
 disttrain.fit(
@@ -165,26 +168,31 @@ def pipelines(sizes: list[int], batch: int) -> list[list[np.ndarray]]:
     return [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
 
 
-def expected_w(sizes: list[int], batch: int, lr: float, strategy: str, accumulate: int = 1) -> float:
-    """w after training, by the Join rules: each update, the batches that are still data.
+def expected(
+    sizes: list[int], batch: int, lr: float, by_replica: bool, accumulate: int = 1
+) -> tuple[float, np.ndarray]:
+    """w and the table after training, by the Join rules: each update, the batches that are still data.
 
-    An update takes `accumulate` batches of each pipeline (micro-batches).
-    All-reduce: the mean over those batches; sync PS: the mean over the
-    replicas that still have data of each one's mean over its batches that
-    are (replica r feeds pipelines 2r and 2r + 1).
+    An update takes `accumulate` batches of each pipeline (micro-batches). By pipeline (all-reduce,
+    and the hybrid's dense half): each batch weighs 1 / the batches of the update. By replica (sync
+    PS, and the hybrid's tables): 1 / the replicas with data, times 1 / that replica's batches
+    (replica r feeds pipelines 2r and 2r + 1).
     """
     batches = pipelines(sizes, batch)
-    w = 0.0
+    w, table = 0.0, np.zeros(IDS)
     for update in range(-(-max(len(b) for b in batches) // accumulate)):
         steps = range(update * accumulate, (update + 1) * accumulate)
-        grads = [[b[s].mean() / IDS for s in steps if s < len(b)] for b in batches]
-        if strategy == "SyncAllReduce":
-            g = np.mean([x for pipeline in grads for x in pipeline])
-        else:
-            replicas = [grads[2 * r] + grads[2 * r + 1] for r in range(2)]
-            g = np.mean([np.mean(t) for t in replicas if t])
-        w -= lr * g
-    return w
+        have = [[s for s in steps if s < len(b)] for b in batches]
+        mine = [len(have[2 * r]) + len(have[2 * r + 1]) for r in range(2)]
+        for p, b in enumerate(batches):
+            for s in have[p]:
+                if by_replica:
+                    weight = 1 / (sum(1 for t in mine if t) * mine[p // 2])
+                else:
+                    weight = 1 / sum(mine)
+                w -= lr * weight * b[s].mean() / IDS
+                table[b[s]] -= lr * weight / len(b[s])
+    return w, table
 
 
 # Micro-batches and runs that outlast a pipeline's data: 3 per update, 2 updates per run.
@@ -203,6 +211,8 @@ BOTH = "accumulate_steps=3, steps_per_run=2,"
         ("AsyncParameterServer", UNEVEN_FILES, 4, ", overlap=True", BOTH),
         ("SyncParameterServer", UNEVEN_FILES, 4, "", BOTH),
         ("SyncAllReduce", UNEVEN_FILES, 4, "", BOTH),
+        ("SyncHybrid", UNEVEN_FILES, 4, "", ""),
+        ("SyncHybrid", UNEVEN_FILES, 4, "", BOTH),
     ],
     ids=[
         "async-files",
@@ -214,6 +224,8 @@ BOTH = "accumulate_steps=3, steps_per_run=2,"
         "async-overlap-files-accumulate-per-run",
         "sync-files-accumulate-per-run",
         "allreduce-files-accumulate-per-run",
+        "hybrid-files",
+        "hybrid-files-accumulate-per-run",
     ],
 )
 def test_uneven_inputs_end_every_task_with_every_id_read_once(
@@ -239,9 +251,13 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(
     if strategy == "SyncParameterServer" and "backup" not in knobs:  # every read batch was applied
         assert "0 stale reports dropped" in text, text
     if strategy != "AsyncParameterServer" and "backup" not in knobs:  # steps are deterministic
-        w = tf.train.load_checkpoint(str(tmp_path / "logdir")).get_tensor("w")
+        saved = tf.train.load_checkpoint(str(tmp_path / "logdir"))
+        ring, tables = strategy in ("SyncAllReduce", "SyncHybrid"), strategy != "SyncAllReduce"
         accumulate = 3 if settings == BOTH else 1
-        assert w == pytest.approx(expected_w(sizes, batch, 0.01, strategy, accumulate), rel=1e-4), w
+        w, _ = expected(sizes, batch, 0.01, by_replica=not ring, accumulate=accumulate)
+        _, table = expected(sizes, batch, 0.01, by_replica=tables, accumulate=accumulate)
+        assert saved.get_tensor("w") == pytest.approx(w, rel=1e-4)
+        np.testing.assert_allclose(saved.get_tensor("table")[:, 0], table, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("per_run", [1, 3])

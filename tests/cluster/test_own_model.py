@@ -3,7 +3,7 @@
 Each example is the README's code block, written to a file and started as
 every task of a cluster (the same script for every role, TF_CONFIG telling
 each its role). The only edits: fewer steps and a smaller width (so CPU runs
-take seconds), a log and data directory under the test's, a checkpoint
+take seconds), a log, data and export directory under the test's, a checkpoint
 interval where a test needs one, and the strategy where a test runs another.
 """
 
@@ -56,6 +56,8 @@ def script(tmp_path, example: str, strategy: str, steps: int = 40, extra: str = 
     code, n = re.subn(r'logdir="/tmp/\w+"', f'logdir="{tmp_path / "logdir"}"', code)
     assert n == 1
     code = code.replace("4096", "64").replace("Dense(512", "Dense(32")
+    code = code.replace('"/tmp/mlp"', f'"{tmp_path / "logdir"}"')  # the export's copy of the logdir
+    code = code.replace('"/tmp/mlp_served"', f'"{tmp_path / "served"}"')
     code = code.replace('DATA = "/tmp/mlp_data"', f'DATA = "{tmp_path / "data"}"')
     path = tmp_path / f"own_{example}_model.py"  # not keras.py: it would shadow keras
     path.write_text(code)
@@ -138,6 +140,8 @@ def test_example_trains_on_a_real_cluster_and_every_task_exits_0(tmp_path, examp
         # Batch norm's moving statistics were updated by the steps and checkpointed.
         means = checkpoint_values(tmp_path / "logdir", r"moving_mean$")
         assert means and np.abs(means[0]).max() > 1e-4, means
+    else:  # the chief exported the newest checkpoint once training was over
+        assert len(os.listdir(tmp_path / "served")) == 1, text
 
 
 @pytest.mark.parametrize("strategy", ["sync", "allreduce"])

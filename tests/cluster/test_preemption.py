@@ -163,22 +163,35 @@ def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tm
     assert read_results(cluster.logdir)["worker_0"]["global_step"] == 1500 or per_run == 1  # not past it
 
 
-@pytest.mark.parametrize("per_run", [1, 5])
-def test_sigterm_to_an_all_reduce_replica_stops_the_group_at_one_step_and_loses_none(tmp_path, per_run):
+@pytest.mark.parametrize(
+    "gin_file, num_ps, per_run",
+    [
+        ("gin/mlp_allreduce.gin", 0, 1),
+        ("gin/dlrm_hybrid.gin", 1, 1),
+        ("gin/mlp_allreduce.gin", 0, 5),
+        ("gin/dlrm_hybrid.gin", 1, 5),
+    ],
+)
+def test_sigterm_to_an_all_reduce_replica_stops_the_group_at_one_step_and_loses_none(
+    tmp_path, gin_file, num_ps, per_run
+):
     """No PS to pass the word: the step's own all-reduce carries the flag, and both stop after it.
 
-    With several steps per run, the run's first step carries it and both stop after the run."""
+    Under SyncHybrid too (its dense half is a ring), whose restarted chief restores its tables from
+    that checkpoint rather than adopting the live ones (its dense half was not live). With several
+    steps per run, the run's first step carries the flag and both stop after the run.
+    """
     params = ["TrainConfig.train_steps=2000", "TrainConfig.log_every_steps=25", *BY_STEPS]
     params.append(f"TrainConfig.steps_per_run={per_run}")
     cluster = LocalCluster(
-        ["gin/mlp_allreduce.gin", TINY],
+        [gin_file, TINY],
         str(tmp_path / "logdir"),
-        num_ps=0,
+        num_ps=num_ps,
         num_workers=2,
         gin_params=params,
         max_restarts=1,
     ).start()
-    chief, other = cluster.tasks
+    chief, other = cluster.tasks[num_ps:]
     at, codes = signal_mid_run(cluster, other, signal.SIGTERM)
     assert set(codes.values()) == {0}, describe_failure(cluster) + str(codes)
     for task in (chief, other):  # both stopped for the restart, neither was lost

@@ -42,6 +42,8 @@ MODES = {
     "async_1_worker_per_run": Mode(1, 1, BATCH, "disttrain.AsyncParameterServer", settings=PER_RUN),
     "sync_ps_per_run": Mode(1, 2, BATCH, "disttrain.SyncParameterServer", settings=PER_RUN),
     "allreduce_per_run": Mode(0, 2, BATCH, "disttrain.SyncAllReduce", settings=PER_RUN),
+    # No table in this model: the hybrid's ring alone, beside its (empty) PS half.
+    "hybrid_both": Mode(1, 2, BATCH, "disttrain.SyncHybrid", settings=ACCUMULATE + PER_RUN),
     "async_overlap_both": Mode(1, 2, BATCH, OVERLAP, ASYNC_MOMENTUM, settings=ACCUMULATE + PER_RUN),
     "sync_ps_backup_both": Mode(1, 3, BATCH, BACKUP, settings=ACCUMULATE + PER_RUN),
 }
@@ -58,6 +60,7 @@ def train(tmp_path_factory, mode: str):
         ("async_1_worker_accumulate", "one_process_2b"),
         ("sync_ps_accumulate", "one_process_4b"),
         ("allreduce_accumulate", "one_process_4b"),
+        ("hybrid_both", "one_process_4b"),
     ],
 )
 def test_accumulating_two_micro_batches_equals_one_process_at_twice_the_batch(

@@ -39,11 +39,12 @@ EXPERIMENTS = {
     "vgg16": "gin/vgg16_sync.gin",
 }
 SLOW = {"inception_v3", "resnet152"}  # the largest graphs of the tiny overlay: the longest cells
-STRATEGIES = {"async_ps": 1, "sync_ps": 1, "allreduce": 0}  # strategy -> PS tasks
+STRATEGIES = {"async_ps": 1, "sync_ps": 1, "allreduce": 0, "hybrid": 1}  # strategy -> PS tasks
 GIN_STRATEGY = {
     "async_ps": "AsyncParameterServer",
     "sync_ps": "SyncParameterServer",
     "allreduce": "SyncAllReduce",
+    "hybrid": "SyncHybrid",
 }
 
 

@@ -33,6 +33,7 @@ SCRIPTS = {
     "plan": "disttrain.scripts.plan",
     "link_probe": "disttrain.scripts.link_probe",
     "accuracy": "disttrain.scripts.accuracy",
+    "export": "disttrain.scripts.export",
 }
 
 # absl's own flags, which every command accepts (app.run defines the help flags when it starts).

@@ -25,6 +25,7 @@ COMMANDS = {
     "disttrain-plan": ("plan.py", "plan"),
     "disttrain-link-probe": ("link_probe.py", "link_probe"),
     "disttrain-accuracy": ("accuracy.py", "accuracy"),
+    "disttrain-export": ("export.py", "export"),
 }
 
 # What pip writes for a console script, when none is installed beside this Python.

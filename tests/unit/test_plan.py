@@ -521,3 +521,30 @@ def test_host_bus_sums_towers_half_with_backprop_half_after():
     )
     # One GPU per host: no term at all (the emulated runs here).
     assert cost.host_bytes(100 * MB, 1) == 0.0
+
+
+def test_the_hybrid_sends_dense_bytes_round_the_ring_and_rows_to_the_ps_and_wins_where_rows_dominate():
+    """Its link carries the ring's dense bytes plus each worker's rows to and from the PS, not every
+    replica's rows (all-reduce all-gathers them): at 16 hosts the advice for all-reduce names it."""
+    model = cost.Model(
+        "tables",
+        dense_bytes=2e6,
+        step_time=0.02,
+        batch_size=1024,
+        layout=cost.even_layout(20),
+        tensors=20,
+        sparse_bytes=1e6,
+    )
+    ring = cost.predict(model, cost.Shape(hosts=16, link_gbit=1.0), cost.Strategy(cost.ALLREDUCE))
+    hybrid = cost.predict(model, cost.Shape(hosts=16, ps=16, link_gbit=1.0), cost.Strategy(cost.HYBRID))
+    dense_ring = 2 * 2e6 * 15 / 16
+    assert ring.busiest_link.bytes_per_round > dense_ring + 10 * 1e6  # every replica's rows
+    assert hybrid.busiest_link.bytes_per_round < dense_ring + 2 * 1e6  # its own rows, twice at most
+    assert hybrid.examples_per_sec > 1.5 * ring.examples_per_sec
+    named = [
+        c.what
+        for c in advice.changes(model, cost.Shape(hosts=16, link_gbit=1.0), cost.Strategy(cost.ALLREDUCE))
+    ]
+    assert any(what.startswith("the hybrid") for what in named), named
+    with pytest.raises(cost.PlanError, match="needs at least 1 PS"):
+        cost.predict(model, cost.Shape(hosts=2, link_gbit=1.0), cost.Strategy(cost.HYBRID))

@@ -17,14 +17,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import AsyncParameterServer, Cluster, RunSettings, SyncAllReduce, SyncParameterServer
+from disttrain import (
+    AsyncParameterServer,
+    Cluster,
+    RunSettings,
+    SyncAllReduce,
+    SyncHybrid,
+    SyncParameterServer,
+    input_feeds,
+)
 from disttrain.errors import ConfigError
 from disttrain.strategies import TFDefault, base
 
 v1 = tf.compat.v1
 
 ROWS, DIM, VOCAB, WIDTH, CLASSES = 96, 6, 40, 4, 3
-STRATEGIES = [AsyncParameterServer, SyncParameterServer, SyncAllReduce, TFDefault]
+STRATEGIES = [AsyncParameterServer, SyncParameterServer, SyncAllReduce, SyncHybrid, TFDefault]
 
 
 def data(rows=ROWS):
@@ -88,6 +96,7 @@ class Trained:
         self.graph = graph
         self.session = v1.Session(graph=graph, config=self.strategy.session_config())
         self.session.run(init)
+        input_feeds.start_inputs(self.session)  # the NumPy arrays are fed when the input starts
         self.no_data: list[bool] = []
         for _ in range(runs):
             self.run()
