@@ -59,7 +59,18 @@ _ACCEPTS = {
     "preempt_secs": _Accepts(float, 0, above=True, unit=" seconds"),
     "wait_log_secs": _Accepts(float, 0, above=True, unit=" seconds"),
     "replica_memory_bytes": _Accepts(int, 1, none="no limit"),
+    "accumulate_steps": _Accepts(int, 1, none="1, no accumulation"),
+    "steps_per_run": _Accepts(int, 1, none="1, one step per run"),
 }
+
+
+def steps_count(value, name: str) -> int:
+    """`value` as a count of steps (None: 1); ConfigError naming `name` unless an int >= 1."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1 (1 or None: off), got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +123,14 @@ class RunSettings:
     wait_log_secs: a task waiting for a peer (or a step waiting far longer
       than the ones before it) says whom, since when and until when, every
       this many seconds (> 0).
+    accumulate_steps: k micro-batches of `batch_size` per tower make one
+      update: their gradients are averaged on the replica, in sequence (one
+      micro-batch's activations in memory at a time), and cross the network
+      once; the global batch and examples/sec count all k. None or 1: none.
+    steps_per_run: k training steps in one `session.run` (Keras'
+      `steps_per_execution`): hooks, logging, checkpoints, the stall guard,
+      preemption and the saved input position act at run boundaries, every k
+      steps. None or 1: one step per run.
     """
 
     log_every_steps: int = 100
@@ -132,6 +151,8 @@ class RunSettings:
     preempt_secs: float = 20.0
     wait_log_secs: float = 10.0
     replica_memory_bytes: int | None = None
+    accumulate_steps: int | None = 1
+    steps_per_run: int | None = 1
 
     @classmethod
     def of(cls, **settings) -> RunSettings:

@@ -32,6 +32,9 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from disttrain import run_steps
+from disttrain.errors import ConfigError
+
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
 # The iterators saved_iterator made, per graph. Not a graph collection: a collection of Python
@@ -40,6 +43,9 @@ _ITERATORS: weakref.WeakKeyDictionary[tf.Graph, list] = weakref.WeakKeyDictionar
 # Per graph, every `get_next`'s (tower, "this batch is real data" flag), in the order they were
 # made: a strategy takes those its tower's loss made (`flags_since`) to weigh the tower (Join).
 _PRESENT: weakref.WeakKeyDictionary[tf.Graph, list] = weakref.WeakKeyDictionary()
+# Per graph and tower, the iterators its first build's `get_next` calls made, in order: the
+# tower's later builds (micro-batches, steps of a run) read from them again.
+_TOWER_ITERATORS: weakref.WeakKeyDictionary[tf.Graph, dict[int, list]] = weakref.WeakKeyDictionary()
 
 
 def shard_files(files: Sequence[str], index: int, count: int) -> tuple[list[str], bool]:
@@ -179,7 +185,12 @@ class InputContext:
     batch_size: examples per tower and step (fit's `batch_size`; None if
       the caller did not say).
     global_batch_size: examples per increment of the global step (sync: all
-      replicas' towers, less backup workers; async: one replica's towers).
+      replicas' towers, less backup workers; async: one replica's towers),
+      every micro-batch counted.
+    reads_again: this tower's loss is being built again in the same graph
+      (a later micro-batch, or a later step of a run): `get_next` then reads
+      the next batch from the iterators its first build made, in the order
+      it called them.
     """
 
     replica_index: int = 0
@@ -188,6 +199,8 @@ class InputContext:
     num_towers: int = 1
     batch_size: int | None = None
     global_batch_size: int | None = None
+    reads_again: bool = False
+    _reads: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def num_input_pipelines(self) -> int:
@@ -224,9 +237,27 @@ class InputContext:
         nothing (`joined`; `data_present()` tells which); training ends when
         every pipeline's data has ended.
         """
-        element, present = saved_iterator(joined(dataset)).get_next()
+        element, present = self._iterator(joined(dataset)).get_next()
         _PRESENT.setdefault(v1.get_default_graph(), []).append((self.tower_index, present))
         return element
+
+    def _iterator(self, dataset: tf.data.Dataset):
+        """A new saved iterator over `dataset`; with `reads_again`, the first build's of this call."""
+        made = _TOWER_ITERATORS.setdefault(v1.get_default_graph(), {}).setdefault(self.tower_index, [])
+        call = len(self._reads)
+        if not self.reads_again:
+            iterator = saved_iterator(dataset)
+            made.append(iterator)
+        elif call >= len(made) or made[call].element_spec != dataset.element_spec:
+            raise ConfigError(
+                f"the loss function's get_next call {call + 1} reads another dataset than its first build "
+                "did (each micro-batch and step of a run builds the loss again, and must call get_next "
+                "on the same datasets in the same order)"
+            )
+        else:
+            iterator = made[call]
+        self._reads.append(iterator)
+        return iterator
 
     def data_present(self) -> tf.Tensor:
         """A bool tensor: True while every batch this tower's `get_next` calls read is real data.
@@ -308,8 +339,7 @@ class InputPositionHook(v1.train.SessionRunHook):
             return
         # The newest position the model has trained past: after a PS was lost the chief restores an
         # older checkpoint, and a newer position would skip what that checkpoint never saw.
-        variable = v1.train.get_global_step()  # read once: the step's own fetch may be a mirror
-        step = int(session.run(self._global_step if variable is None else variable))
+        step = self._model_step(session)
         latest = _latest(self._directory, at_most=step)
         if latest is None:
             latest = _latest(self._directory)
@@ -331,14 +361,16 @@ class InputPositionHook(v1.train.SessionRunHook):
         self._saver.restore(session, path)
         log.info(f"input position restored from {path}")
 
-    def before_run(self, run_context):
-        return v1.train.SessionRunArgs(self._global_step) if self._saver is not None else None
+    def _model_step(self, session) -> int:
+        """The global step the model is at, read now from its variable (the step's fetch may be a
+        mirror that lags)."""
+        variable = v1.train.get_global_step()
+        return int(session.run(self._global_step if variable is None else variable))
 
     def after_run(self, run_context, run_values):
         if self._saver is None:
             return
-        self._steps += 1
-        self._step = int(run_values.results)
+        self._steps += run_steps.steps_in(run_context)
         if self._timer is not None and self._timer.should_trigger_for_step(self._steps):
             self._timer.update_last_triggered_step(self._steps)
             self._save(run_context.session)
@@ -352,10 +384,14 @@ class InputPositionHook(v1.train.SessionRunHook):
         os.makedirs(self._directory, exist_ok=True)
         prefix = os.path.join(self._directory, f"input-r{c.num_replicas}t{c.num_towers}")
         try:
+            # Read after the run, not with it (a step fetched with a run may be read before any of its
+            # steps): a position saved under an older step than it has read to would skip data on a
+            # restore.
+            step = self._model_step(session)
             self._saver.save(
                 session,
                 prefix,
-                global_step=self._step,
+                global_step=step,
                 latest_filename="input_checkpoint",
                 write_meta_graph=False,
             )

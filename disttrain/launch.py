@@ -392,7 +392,14 @@ def train_replica(
     cluster = strategy.cluster
     trainer.check_writable(logdir)
     built = trainer.build(
-        strategy, loss_fn, optimizer_fn, settings.check_numerics, batch_size, clip=Clip.of(settings)
+        strategy,
+        loss_fn,
+        optimizer_fn,
+        settings.check_numerics,
+        batch_size,
+        clip=Clip.of(settings),
+        accumulate_steps=settings.accumulate_steps,
+        steps_per_run=settings.steps_per_run,
     )
     trainer.check_replica_memory(built.graph, cluster.task_name, settings.replica_memory_bytes)
     if cluster.is_chief:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain import run_steps, tf_internals
 from disttrain.errors import DivergedError
 
 v1 = tf.compat.v1
@@ -167,9 +167,11 @@ class TaskThroughput:
 class ThroughputHook(v1.train.SessionRunHook):
     """Counts steps; every `every_n` local steps logs and writes throughput.
 
-    Fetches the loss and global step with every step (scalars, read in
-    parallel with the step) so that a NaN is caught at the step it appears.
-    The first interval includes start-up and is left out of the means.
+    Fetches the loss and global step with every run (scalars, read in
+    parallel with the run) so that a NaN is caught at the run it appears
+    in. A run of several steps (`steps_per_run`) counts all of them and
+    reports its last step's loss. The first interval includes start-up and
+    is left out of the means.
     """
 
     def __init__(
@@ -226,7 +228,7 @@ class ThroughputHook(v1.train.SessionRunHook):
                 f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept"
             )
         r = self.result
-        r.local_steps += 1
+        r.local_steps += run_steps.steps_in(run_context)
         r.global_step, r.final_loss = step, loss
         if self._mark_global is None:  # the first step includes start-up: measure from its end
             self._mark_global, self._mark_step = step, r.local_steps
@@ -309,7 +311,8 @@ class TraceHook(v1.train.SessionRunHook):
     """Writes a Chrome trace (chrome://tracing, Perfetto) of `steps` local steps of this task.
 
     The steps traced are those right after the first `after_steps` (past
-    start-up and the first checkpoint), one file per step,
+    start-up and the first checkpoint), one file per run (a run of several
+    steps, `steps_per_run`, is traced whole),
     `<directory>/trace_step_<global step>.json` (`..._<local step>.json`
     for a second step that read the same global step, as overlap's lagging
     mirror can): every op of the step on
@@ -331,7 +334,8 @@ class TraceHook(v1.train.SessionRunHook):
         self._directory, self._steps, self._after = directory, steps, after_steps
         self._global_step = global_step
         self._loops = list(loops)
-        self._local = 0
+        self._local = 0  # steps of this task so far (a run may make several)
+        self._asked_loops = False
         self._last: tuple[str, Any] | None = None  # the last traced file and its StepStats, while rounds run
         self.written: list[str] = []
 
@@ -341,14 +345,15 @@ class TraceHook(v1.train.SessionRunHook):
     def before_run(self, run_context):
         if not self._tracing():
             return None
-        if self._local == self._after:
+        if not self._asked_loops:
+            self._asked_loops = True
             for loop in self._loops:  # the rounds beside the traced steps (about one per step)
                 loop.trace(self._steps + 1)
         options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
         return v1.train.SessionRunArgs(self._global_step, options=options)
 
     def after_run(self, run_context, run_values):
-        tracing, self._local = self._tracing(), self._local + 1
+        tracing, self._local = self._tracing(), self._local + run_steps.steps_in(run_context)
         if tracing:
             stats = run_values.run_metadata.step_stats
             name = f"trace_step_{int(run_values.results)}"
@@ -359,7 +364,7 @@ class TraceHook(v1.train.SessionRunHook):
             self._write(path, stats)
             self.written.append(path)
             log.info("step trace: %s", path)
-            last = self._local == self._after + self._steps
+            last = self._local >= self._after + self._steps
             if last and any([loop.stop_tracing() for loop in self._loops]):
                 self._last = (path, stats)  # a traced round is still running: add it when it ends
         elif self._last is not None:

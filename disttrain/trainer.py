@@ -27,6 +27,7 @@ from disttrain import (
     placement,
     preemption,
     recovery,
+    run_steps,
     servers,
     tf_internals,
 )
@@ -59,14 +60,17 @@ def build(
     check_numerics: bool,
     batch_size: int | None = None,
     clip: Clip | None = None,
+    accumulate_steps: int | None = 1,
+    steps_per_run: int | None = 1,
 ) -> Built:
     """Build this replica's training graph in the current default graph: towers, gradients, update.
 
     `loss_fn()` (or `loss_fn(input_context)`) builds one replica's loss,
-    input included (called once per tower, and once more in a scratch graph
-    to plan placement when it can be). With `check_numerics` a NaN or Inf
-    loss or gradient fails the step. `batch_size`: examples per tower and
-    step, for the input context.
+    input included (called once per tower, micro-batch and step of a run,
+    and once more in a scratch graph to plan placement when it can be).
+    With `check_numerics` a NaN or Inf loss or gradient fails the step.
+    `batch_size`: examples per tower and micro-batch, for the input context.
+    `accumulate_steps`, `steps_per_run`: as `Strategy.minimize`.
     """
 
     def checked(loss):
@@ -79,7 +83,14 @@ def build(
     with strategy.scope():
         global_step = v1.train.get_or_create_global_step()
         train_op = strategy.minimize(
-            optimizer_fn(), checked_loss, global_step, check_numerics, batch_size, clip=clip
+            optimizer_fn(),
+            checked_loss,
+            global_step,
+            check_numerics,
+            batch_size,
+            clip=clip,
+            accumulate_steps=accumulate_steps,
+            steps_per_run=steps_per_run,
         )
     if strategy.global_step_read is not None:
         global_step = strategy.global_step_read
@@ -176,15 +187,22 @@ class _StopAtStep(v1.train.StopAtStepHook):
 
     TF's checks only after each step, so a run restarted on a finished run's
     log directory trained one step past the end and measured its throughput
-    from that one step. `reached` says whether it stopped training.
+    from that one step. `reached` says whether it stopped training. With
+    several steps per run it feeds the last step to `stop_at` (the
+    strategy's placeholder, or None), so that no step of a run goes past it.
     """
 
-    def __init__(self, last_step: int):
+    def __init__(self, last_step: int, stop_at: tf.Tensor | None = None):
         super().__init__(last_step=last_step)
         self.reached = False
+        self._feed = {stop_at: last_step} if stop_at is not None else None
+
+    def before_run(self, run_context):
+        return v1.train.SessionRunArgs(self._global_step_tensor, feed_dict=self._feed)
 
     def after_run(self, run_context, run_values):  # TF's, noting that it stopped training
-        if run_values.results + 1 >= self._last_step:
+        # The step fetched may have been read before any of the run's steps.
+        if run_values.results + run_steps.steps_in(run_context) >= self._last_step:
             if run_context.session.run(self._global_step_tensor) >= self._last_step:
                 self.reached = True
                 run_context.request_stop()
@@ -225,7 +243,7 @@ class _StallGuard(v1.train.SessionRunHook):
         if step != self._since:
             self._since, self._steps = step, 0
             return
-        self._steps += 1
+        self._steps += run_steps.steps_in(run_context)
         if self._steps >= self._window:
             raise StalledError(
                 f"{self._name}: the global step has not moved in {self._steps} of this replica's steps "
@@ -286,14 +304,18 @@ class StepWatch(v1.train.SessionRunHook):
         self._recent: collections.deque[float] = collections.deque(maxlen=100)
         self._hooks_longest = 0.0  # the longest the hooks after a step took
         self._started = 0.0
-        self._steps = 0
+        self._steps = self._run_steps = 0
 
     def after_create_session(self, session, coord):
         self._recent.clear()
 
     def before_run(self, run_context):
         self._started = time.monotonic()
-        what = f"step {self._steps + 1} of this task"
+        self._run_steps = run_steps.steps_in(run_context)
+        first, last = self._steps + 1, self._steps + self._run_steps
+        what = (
+            f"step {first} of this task" if first == last else f"steps {first}-{last} of this task (one run)"
+        )
         if self._recent:
             longest = max(self._recent)
             threshold = max(self._min, self._factor * longest)
@@ -307,7 +329,7 @@ class StepWatch(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         self._recent.append(time.monotonic() - self._started)
-        self._steps += 1
+        self._steps += self._run_steps
         self._started = time.monotonic()
         threshold = max(self._first, self._factor * self._hooks_longest)
         self._watchdog.enter(
@@ -529,7 +551,7 @@ def monitored_session(
     throughput = _throughput_hook(cluster, strategy, logdir, settings, batch_size, global_step)
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
-    stop_at = _StopAtStep(last_step=steps)
+    stop_at = _StopAtStep(last_step=steps, stop_at=strategy.stop_at)
     # The fed inputs start first: a strategy's hook may run steps when its session starts.
     all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
@@ -605,7 +627,7 @@ def _throughput_hook(
         task=cluster.task_name,
         loss=strategy.loss,
         global_step=global_step,
-        examples_per_local_step=batch_size * strategy.num_towers,
+        examples_per_local_step=batch_size * strategy.num_towers * strategy.accumulate_steps,
         examples_per_global_step=strategy.examples_per_step(batch_size),
         every_n=settings.log_every_steps,
         task_logdir=metrics.task_logdir(logdir, cluster.task_type, cluster.task_index),

@@ -54,6 +54,8 @@ def build_zoo(cluster: Cluster, config: TrainConfig, strategy: Strategy) -> trai
         config.check_numerics,
         config.batch_size,
         clip=Clip.of(config),
+        accumulate_steps=config.accumulate_steps,
+        steps_per_run=config.steps_per_run,
     )
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 import disttrain
-from disttrain import schedules
+from disttrain import run_steps, schedules
 from disttrain.bench import tf2
 from disttrain.bench.peers import tf2_heldout
 from disttrain.local import free_port, task_env
@@ -206,11 +206,11 @@ SYSTEMS = {
 }
 
 
-def examples_per_step(system: System, workers: int, batch_size: int) -> int:
-    """Training examples behind one increment of the global step."""
+def examples_per_step(system: System, workers: int, batch_size: int, accumulate: int = 1) -> int:
+    """Training examples behind one increment of the global step (`accumulate` micro-batches each)."""
     if system.one_process or not system.synchronous:
-        return batch_size
-    return (workers - system.backup_workers) * batch_size
+        return batch_size * accumulate
+    return (workers - system.backup_workers) * batch_size * accumulate
 
 
 def staleness(system: System, workers: int) -> int:
@@ -224,29 +224,30 @@ def staleness(system: System, workers: int) -> int:
     return schedules.async_staleness(workers, system.overlap)
 
 
-def learning_rate(task: Task, system: System, workers: int) -> float:
-    """The task's rate, scaled linearly with the global batch for sync systems (Goyal et al. 2017).
+def learning_rate(task: Task, system: System, workers: int, accumulate: int = 1) -> float:
+    """The task's rate, scaled linearly with the global batch (sync systems, and accumulated
+    micro-batches in any; Goyal et al. 2017).
 
     A compensated async system takes `schedules.async_momentum`'s rate (the
     task's, unless the staleness is more than the momentum can absorb).
     """
-    rate, _ = rate_and_momentum(task, system, workers)
+    rate, _ = rate_and_momentum(task, system, workers, accumulate)
     return rate
 
 
-def rate_and_momentum(task: Task, system: System, workers: int) -> tuple[float, float]:
+def rate_and_momentum(task: Task, system: System, workers: int, accumulate: int = 1) -> tuple[float, float]:
     """The peak rate and the momentum `system` trains `task` with on `workers` workers."""
     rate, momentum = task.learning_rate, MOMENTUM
     if system.compensated:
         rate, momentum = schedules.async_momentum(rate, momentum, staleness(system, workers))
     if task.scale_learning_rate:
-        rate *= examples_per_step(system, workers, task.batch_size) / task.batch_size
+        rate *= examples_per_step(system, workers, task.batch_size, accumulate) / task.batch_size
     return rate, momentum
 
 
-def warmup_steps(task: Task, system: System, workers: int) -> int:
+def warmup_steps(task: Task, system: System, workers: int, accumulate: int = 1) -> int:
     """Global steps of linear warmup: only where the rate was scaled up, over the task's examples."""
-    per_step = examples_per_step(system, workers, task.batch_size)
+    per_step = examples_per_step(system, workers, task.batch_size, accumulate)
     if not task.scale_learning_rate or per_step == task.batch_size:
         return 0
     return task.warmup_examples // per_step
@@ -255,7 +256,16 @@ def warmup_steps(task: Task, system: System, workers: int) -> int:
 # ---- in each task process -----------------------------------------------------------------------
 
 
-def train_process(task: str, system: str, workers: int, examples: int, eval_every_steps: int, logdir: str):
+def train_process(
+    task: str,
+    system: str,
+    workers: int,
+    examples: int,
+    eval_every_steps: int,
+    logdir: str,
+    steps_per_run: int = 1,
+    accumulate_steps: int = 1,
+):
     """One task's life under `disttrain.fit` (any role; TF_CONFIG says which), with held-out evaluation."""
     spec, how = TASKS[task], SYSTEMS[system]
     train_x, train_y, held_x, held_y = spec.data()
@@ -263,20 +273,24 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
     batch = spec.batch_size
 
     started = os.path.join(logdir, CLOCK_FILE)
+    pipelines = {}  # one per graph and pipeline: the loss is built once per micro-batch and step
 
     def loss_fn(ctx):
         v1.set_random_seed(0)  # the same initial weights for every system
-        data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
-        data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
-        data = data.repeat().batch(batch, drop_remainder=True)
-        if not disttrain.Cluster.from_env().is_chief:
-            data = _after_the_chiefs_first_step(data, started)
-        features, labels = ctx.get_next(data)
+        key = (v1.get_default_graph(), ctx.input_pipeline_id)
+        if key not in pipelines:
+            data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
+            data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
+            data = data.repeat().batch(batch, drop_remainder=True)
+            if not disttrain.Cluster.from_env().is_chief:
+                data = _after_the_chiefs_first_step(data, started, steps_per_run * accumulate_steps)
+            pipelines[key] = data
+        features, labels = ctx.get_next(pipelines[key])
         return model.loss(model(features, training=True), labels)
 
-    per_step = examples_per_step(how, workers, batch)
-    rate, momentum = rate_and_momentum(spec, how, workers)
-    warmup = warmup_steps(spec, how, workers)
+    per_step = examples_per_step(how, workers, batch, accumulate_steps)
+    rate, momentum = rate_and_momentum(spec, how, workers, accumulate_steps)
+    warmup = warmup_steps(spec, how, workers, accumulate_steps)
     rate = schedules.Constant(rate, warmup=warmup) if warmup else rate
     hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
     disttrain.fit(
@@ -292,21 +306,24 @@ def train_process(task: str, system: str, workers: int, examples: int, eval_ever
         intra_op_threads=COMPUTE_THREADS,
         inter_op_threads=COMPUTE_THREADS,
         check_numerics=False,  # no NaN guard in the measured steps
+        steps_per_run=steps_per_run,
+        accumulate_steps=accumulate_steps,
     )
 
 
-def _after_the_chiefs_first_step(data: tf.data.Dataset, started: str) -> tf.data.Dataset:
-    """`data`, whose second batch waits until the chief's clock has started (the file `started`).
+def _after_the_chiefs_first_step(data: tf.data.Dataset, started: str, first_run: int = 1) -> tf.data.Dataset:
+    """`data`, whose batches after the first run's `first_run` wait until the chief's clock has started.
 
-    The clock starts when the chief's first step ends (its one-off graph
-    optimisation is start-up); an async worker would otherwise train on
-    through that step uncounted (teacher once reached its target "in 0.0 s").
-    Its own first step, with its own one-off cost, runs before the wait.
+    The clock starts when the chief's first run ends (its one-off graph
+    optimisation is start-up; the file `started` says so); an async worker
+    would otherwise train on through that run uncounted (teacher once
+    reached its target "in 0.0 s"). Its own first run, with its own one-off
+    cost, runs before the wait (and, under all-reduce, with the chief's).
     """
 
     def wait(index):
         deadline = time.monotonic() + 600
-        while index >= 1 and not os.path.exists(started) and time.monotonic() < deadline:
+        while index >= first_run and not os.path.exists(started) and time.monotonic() < deadline:
             time.sleep(0.01)
         return index
 
@@ -322,10 +339,12 @@ class HeldOutHook(v1.train.SessionRunHook):
     """On the chief: held-out accuracy every `every` global steps, with the live variables.
 
     Writes one JSON line per evaluation (tf2_heldout.Curve, as the TF 2
-    peers do): global step, examples, seconds since the first step ended
-    (evaluations excluded; the first step, with its one-off graph
-    optimisation, counts as start-up), accuracy, and the wall time the first
-    step ended (for the start-up figure).
+    peers do): global step, examples, seconds since the first run ended
+    (evaluations excluded; the first run, with its one-off graph
+    optimisation, counts as start-up), accuracy, the wall time the first
+    run ended (for the start-up figure) and the examples trained before it.
+    With several steps per run the global step is read again after a run
+    (a step fetched with the run may be read before its steps).
     """
 
     def __init__(self, model, x, y, every: int, per_step: int, path: str):
@@ -350,12 +369,17 @@ class HeldOutHook(v1.train.SessionRunHook):
         return v1.train.SessionRunArgs(self._step) if self._active else None
 
     def after_run(self, run_context, run_values):
-        if self._active and self._curve.t0 is None:
-            self._curve.start()
+        if not self._active:
+            return
+        session = run_context.session
+        if self._curve.t0 is None:
+            self._curve.start(int(session.run(self._step)))
             open(os.path.join(os.path.dirname(self._curve.path), CLOCK_FILE), "w").close()
-        if self._active and run_values.results >= self._next:
-            self._evaluate(run_context.session, int(run_values.results))
-            self._next = (run_values.results // self._every + 1) * self._every
+        if run_values.results + run_steps.steps_in(run_context) >= self._next:
+            step = int(session.run(self._step))
+            if step >= self._next:
+                self._evaluate(session, step)
+                self._next = (step // self._every + 1) * self._every
 
     def end(self, session):
         if self._active and self._curve.t0 is not None:
@@ -379,10 +403,14 @@ def run_system(
     eval_every_steps: int | None = None,
     target: float | None = None,
     timeout: float = 600,
+    steps_per_run: int = 1,
+    accumulate_steps: int = 1,
 ) -> dict:
     """Train `task` under `system` on a local cluster of real processes; its row of the report.
 
-    examples, eval_every_steps, target: None takes the task's.
+    examples, eval_every_steps, target: None takes the task's. steps_per_run,
+    accumulate_steps: disttrain's settings (a TF 2 peer runs its own
+    `tf.function` of several steps and does not accumulate).
     """
     spec = TASKS[task]
     examples = examples or spec.examples
@@ -394,15 +422,19 @@ def run_system(
             os.remove(os.path.join(logdir, stale))
     if how.peer:
         argv = peer_command(task, system, workers, examples, eval_every_steps, logdir)
+        steps_per_run, accumulate_steps = tf2.steps_per_function(eval_every_steps), 1
     else:
         args = dict(task=task, system=system, workers=workers, examples=examples)
         args.update(eval_every_steps=eval_every_steps, logdir=logdir)
+        args.update(steps_per_run=steps_per_run, accumulate_steps=accumulate_steps)
         code = f"from disttrain.bench.accuracy import train_process; train_process(**{args!r})"
         argv = [sys.executable, "-c", code]
     spawned = time.time()
     codes = run_cluster(argv, cluster_of(how, workers), logdir, timeout)
     curve = read_curve(logdir)
-    return summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
+    row = summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
+    row.update(steps_per_run=steps_per_run, accumulate_steps=accumulate_steps)
+    return row
 
 
 def cluster_of(system: System, workers: int) -> dict[str, list[str]]:
@@ -529,6 +561,9 @@ def summarize(
         final_examples=curve[-1]["examples"],
         train_secs=round(curve[-1]["seconds"], 2),
     )
+    # Training speed: the examples trained on the clock (after the first run), per second of it.
+    timed = curve[-1]["examples"] - curve[-1].get("start_examples", 0)
+    row["examples_per_sec"] = round(timed / curve[-1]["seconds"], 1) if curve[-1]["seconds"] > 0 else None
     return row
 
 
@@ -543,40 +578,59 @@ def one_line(row: dict) -> str:
     return (
         f"start-up {row['startup_secs']:.1f} s; target {row['target']} {reached}; "
         f"final held-out accuracy {row['final_accuracy']:.4f} after {row['final_examples']} examples, "
-        f"{row['train_secs']:.1f} s"
+        f"{row['train_secs']:.1f} s, {row.get('examples_per_sec') or 0:.0f} examples/s"
     )
 
 
-def table(rows: list[dict]) -> str:
-    """A Markdown table of the rows, with each system's time to target against one process's."""
-    reference = {
-        (r["task"]): r.get("secs_to_target")
-        for r in rows
-        if r["system"] == "one_process" and "failed" not in r
-    }
-    lines = [
-        "| task | system | workers | start-up s | s to target | x one process | examples to target | "
-        "final held-out acc. | vs one process (points) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+def reference_row(rows: list[dict], row: dict) -> dict | None:
+    """The one-process row `row` is compared with: its task's, at its steps per run, without
+    accumulation (else the task's first one-process row without accumulation, else any)."""
+    alone = [
+        r for r in rows if r["task"] == row["task"] and r["system"] == "one_process" and "failed" not in r
     ]
-    finals = {r["task"]: r.get("final_accuracy") for r in rows if r["system"] == "one_process"}
+    plain = [r for r in alone if r.get("accumulate_steps", 1) == 1]
+    same = [r for r in plain if r.get("steps_per_run", 1) == row.get("steps_per_run", 1)]
+    return (same or plain or alone or [None])[0]
+
+
+def _ratio(value, reference) -> str:
+    return f"{value / reference:.2f}" if value is not None and reference else "-"
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table of the rows: time to target and training speed against one process's.
+
+    Each is compared with one process at the same steps per run and
+    without accumulation (`reference_row`).
+    """
+    lines = [
+        "| task | system | workers | steps/run | accumulate | start-up s | s to target | x one process | "
+        "examples to target | examples/s | x one process | final held-out acc. | vs one process (points) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
+        head = f"| {r['task']} | {r['system']} | {r['workers']} | "
+        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)} | "
         if "failed" in r:
-            lines.append(
-                f"| {r['task']} | {r['system']} | {r['workers']} | failed: {r['failed']} | | | | | |"
-            )
+            lines.append(head + f"failed: {r['failed']} | | | | | | | |")
             continue
-        ref, secs = reference.get(r["task"]), r["secs_to_target"]
-        ratio = f"{secs / ref:.2f}" if ref and secs is not None else "-"
-        base = finals.get(r["task"])
+        ref, secs, speed = reference_row(rows, r) or {}, r["secs_to_target"], r.get("examples_per_sec")
+        base = ref.get("final_accuracy")
         delta = f"{100 * (r['final_accuracy'] - base):+.1f}" if base is not None else "-"
         lines.append(
-            f"| {r['task']} | {r['system']} | {r['workers']} | {r['startup_secs']:.1f} | "
-            f"{'-' if secs is None else f'{secs:.1f}'} | {ratio} | "
+            head + f"{r['startup_secs']:.1f} | {'-' if secs is None else f'{secs:.1f}'} | "
+            f"{_ratio(secs, ref.get('secs_to_target'))} | "
             f"{r['examples_to_target'] if r['examples_to_target'] is not None else 'not reached'} | "
+            f"{'-' if speed is None else f'{speed:.0f}'} | {_ratio(speed, ref.get('examples_per_sec'))} | "
             f"{r['final_accuracy']:.4f} | {delta} |"
         )
     return "\n".join(lines)
+
+
+def _settings(row: dict) -> str:
+    """', 10 steps/run, 2 accumulated' for a row's settings that are not 1."""
+    named = (("steps/run", row.get("steps_per_run", 1)), ("accumulated", row.get("accumulate_steps", 1)))
+    return "".join(f", {value} {name}" for name, value in named if value != 1)
 
 
 def plot(rows: list[dict], path: str) -> str | None:
@@ -602,7 +656,7 @@ def plot(rows: list[dict], path: str) -> str | None:
                     marker=".",
                     color=colours(list(SYSTEMS).index(r["system"]) % 20),
                     linestyle=styles[sorted(workers).index(r["workers"]) % len(styles)],
-                    label=f"{r['system']} ({r['workers']})",
+                    label=f"{r['system']} ({r['workers']}{_settings(r)})",
                 )
         ax.axhline(
             next(r["target"] for r in rows if r["task"] == task), color="grey", linestyle="--", linewidth=0.8

@@ -31,6 +31,18 @@ flags.DEFINE_list(
     f"Systems, of {sorted(accuracy.SYSTEMS)}.",
 )
 flags.DEFINE_list("workers", ["2"], "Worker counts (one_process runs once per task).")
+flags.DEFINE_list(
+    "steps_per_run",
+    ["1"],
+    "Training steps per session.run of disttrain's systems (RunSettings.steps_per_run); each value is "
+    "a run of every disttrain system. TF 2's peers run their own tf.function of up to 10 steps.",
+)
+flags.DEFINE_list(
+    "accumulate_steps",
+    ["1"],
+    "Micro-batches per update of disttrain's systems (RunSettings.accumulate_steps; the rate scales "
+    "with the global batch as for sync systems); each value is a run of every disttrain system.",
+)
 flags.DEFINE_integer("examples", None, "Training examples per run (default: the task's budget).")
 flags.DEFINE_integer(
     "eval_every_steps", None, "Global steps between held-out evaluations (default: the task's)."
@@ -54,29 +66,39 @@ def main(argv):
         unknown = [v for v in values if v not in known]
         if unknown:
             cli.fail(f"--{name}: unknown {unknown}; known: {', '.join(sorted(known))}")
-    try:
-        workers = [int(w) for w in FLAGS.workers]
-    except ValueError:
-        cli.fail(f"--workers={','.join(FLAGS.workers)}: expected integers, e.g. --workers=2,4")
+    workers = _counts("workers", FLAGS.workers)
+    per_run, accumulate = (
+        _counts("steps_per_run", FLAGS.steps_per_run),
+        _counts("accumulate_steps", FLAGS.accumulate_steps),
+    )
     logdir = FLAGS.logdir or os.path.join("/tmp/disttrain_accuracy", time.strftime("%Y%m%d-%H%M%S"))
     rows = []
     for task in FLAGS.tasks:
         for system in FLAGS.systems:
+            peer = accuracy.SYSTEMS[system].peer is not None
+            settings = [(per_run[0], 1)] if peer else [(s, a) for a in accumulate for s in per_run]
             for n in [1] if system == "one_process" else workers:
-                run_dir = os.path.join(logdir, task, f"{system}_{n}")
-                print(f"{task}: {system}, {n} worker(s) ...", flush=True)
-                row = accuracy.run_system(
-                    task,
-                    system,
-                    n,
-                    examples=FLAGS.examples,
-                    eval_every_steps=FLAGS.eval_every_steps,
-                    target=FLAGS.target,
-                    logdir=run_dir,
-                    timeout=FLAGS.run_timeout,
-                )
-                rows.append(row)
-                print("  " + accuracy.one_line(row), flush=True)
+                for steps_per_run, accumulate_steps in settings:
+                    named = (
+                        "" if peer else f", {steps_per_run} step(s) per run, {accumulate_steps} accumulated"
+                    )
+                    print(f"{task}: {system}, {n} worker(s){named} ...", flush=True)
+                    row = accuracy.run_system(
+                        task,
+                        system,
+                        n,
+                        examples=FLAGS.examples,
+                        eval_every_steps=FLAGS.eval_every_steps,
+                        target=FLAGS.target,
+                        logdir=os.path.join(
+                            logdir, task, f"{system}_{n}_s{steps_per_run}_a{accumulate_steps}"
+                        ),
+                        timeout=FLAGS.run_timeout,
+                        steps_per_run=steps_per_run,
+                        accumulate_steps=accumulate_steps,
+                    )
+                    rows.append(row)
+                    print("  " + accuracy.one_line(row), flush=True)
     print()
     print(accuracy.table(rows))
     if FLAGS.out:
@@ -87,6 +109,17 @@ def main(argv):
         png = accuracy.plot(rows, os.path.splitext(FLAGS.out)[0] + ".png")
         print(f"plot: {png}" if png else "plot: none (matplotlib missing: install the bench extra)")
     return 1 if any("failed" in r for r in rows) else 0
+
+
+def _counts(name: str, values: list[str]) -> list[int]:
+    """The integers >= 1 of a list flag; one line and exit 2 otherwise."""
+    try:
+        counts = [int(v) for v in values]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        cli.fail(f"--{name}={','.join(values)}: expected integers >= 1, e.g. --{name}=2,4")
+    return counts
 
 
 def run():

@@ -121,15 +121,6 @@ def all_reduce_mean(
     return out
 
 
-def _scaled(grad, weight: tf.Tensor):
-    """`grad` (dense or rows) times a float32 scalar `weight`."""
-    if sparse.is_sparse(grad):
-        return tf.IndexedSlices(
-            grad.values * tf.cast(weight, grad.values.dtype), grad.indices, grad.dense_shape
-        )
-    return grad * tf.cast(weight, grad.dtype)
-
-
 def _gather(tensor, group_size: int, key: int, group_key: int, communication_hint: str):
     """Every replica's `tensor` side by side, along axis 0; its length may change from step to step.
 
@@ -241,7 +232,7 @@ class SyncAllReduce(Strategy):
       and 8 pieces.
     autotune_runs: timed all-reduces per candidate (after one untimed).
 
-    One increment of the global step consumes N x batch x towers examples.
+    One increment of the global step consumes N x batch x towers x accumulate_steps examples.
     The cluster needs no 'ps' job. Every task's server and session must use
     `session_config()` (it names the collective group leader, without which
     collectives hang), and sessions must use `scaffold()`.
@@ -302,40 +293,63 @@ class SyncAllReduce(Strategy):
         return f"/job:{job}/replica:0/task:{index}"
 
     def examples_per_step(self, batch_size: int) -> int:
-        return self.group_size * batch_size * self.num_towers
+        return self.group_size * super().examples_per_step(batch_size)
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
-        # Instance keys restart with every graph, in build order, so they match on every task.
-        self._keys = itertools.count(1)
-        contributed = self.data_weight  # towers with real data: this replica's, then the group's
+        if self.step_in_run == 0:
+            self.start_graph()
+        contributed, vote = self.data_weight, None  # towers with real data: this replica's
         if self.group_size > 1:
-            joined = self.data_weight is not None
-            if joined:  # the group's count first: every mean divides by it
-                self._build_vote(self.data_weight)
-                contributed = self._vote[1][1] * self.group_size
-            grads_and_vars = self._all_reduced(grads_and_vars, contributed if joined else None)
-            if not joined:
-                self._build_vote(None)
+            grads_and_vars, contributed, vote = self.summed(grads_and_vars, self.step_in_run == 0)
         with tf.device(self.compute_devices[0]):
             grads_and_vars = self.clip_aggregate(grads_and_vars)
         update = self.when_data(
             lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step), contributed
         )
-        return update if self._vote is None else tf.group(update, self._vote[1], name="train_and_vote")
+        return update if vote is None else tf.group(update, vote, name="train_and_vote")
 
-    def _build_vote(self, data_weight: tf.Tensor | None) -> None:
-        """Every step's small all-reduce: [this replica's preemption flag, its towers with data].
+    def start_graph(self) -> None:
+        """Before a graph's first step: instance keys restart, in build order, so they match on every
+        task; the vote is made again."""
+        self._keys = itertools.count(1)
+        self._vote = None
 
-        Its mean over the group is `_vote[1]`: [> 0 if any replica is being
-        preempted, the group's towers with data / N].
+    def summed(self, grads_and_vars, first_step: bool):
+        """The step's gradients summed over the group: (the mean gradients, the group's towers with
+        data or None, the step's vote to run with it or None).
+
+        Every step with uneven inputs (Join) votes first: its count divides
+        the sums. Without, the preemption flag is voted in a run's first step.
+        """
+        contributed, vote = None, None
+        joined = self.data_weight is not None
+        if joined:  # the group's count first: every mean divides by it
+            vote = self._build_vote(self.data_weight)
+            contributed = vote[1] * self.group_size
+        grads_and_vars = self._all_reduced(grads_and_vars, contributed)
+        if not joined and first_step:
+            vote = self._build_vote(None)
+        return grads_and_vars, contributed, vote
+
+    def _build_vote(self, data_weight: tf.Tensor | None) -> tf.Tensor:
+        """A step's small all-reduce: [this replica's preemption flag, its towers with data]; its mean.
+
+        The mean over the group is [> 0 if any replica is being preempted, the
+        group's towers with data / N]. Every step of a run feeds the same flag
+        (`_vote`: the flag and the run's first step's mean).
         """
         with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
-            flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
+            if self._vote is None:
+                flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
+            else:
+                flag = self._vote[0]
             weight = tf.constant(0.0) if data_weight is None else data_weight
             (anywhere,) = all_reduce_mean(
                 [tf.stack([flag, weight])], self.group_size, 4, instance_keys=self._keys
             )
-            self._vote = (flag, anywhere)
+            if self._vote is None:
+                self._vote = (flag, anywhere)
+            return anywhere
 
     def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None):
         """The gradients summed over the group and divided by the towers that contributed.
@@ -348,7 +362,7 @@ class SyncAllReduce(Strategy):
         grads = [self._dense_or_rows(g, v) for g, v in grads_and_vars]
         if contributed is not None:
             with tf.device(self.compute_devices[0]), tf.name_scope("join_weight"):
-                grads = [_scaled(g, self.data_weight) for g in grads]
+                grads = [sparse.scaled(g, self.data_weight) for g in grads]
                 contributed = tf.maximum(contributed, 1.0)
         dense = [i for i, g in enumerate(grads) if not sparse.is_sparse(g)]
         rows = [i for i, g in enumerate(grads) if sparse.is_sparse(g)]
@@ -371,7 +385,7 @@ class SyncAllReduce(Strategy):
         dense_grads = [grads[i] for i in dense]
         with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
             if self.tuner is not None:
-                reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys)
+                reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys, self.step_in_run == 0)
             else:
                 configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
                 reduced = reduce_dense(dense_grads, configured, self._keys)

@@ -72,6 +72,7 @@ class AsyncParameterServer(PsStrategy):
         self.transfer_op: tf.Operation | None = None  # one round of the transfer loop
         self._counts = None  # (gradients queued, gradients applied) on this worker
         self._loop: _TransferLoop | None = None
+        self._enqueue_and_count = None  # (flat gradients) -> queue them and count them
 
     def _local_copy(self, var) -> tf.Tensor:
         """The worker-side copy the model reads instead of `var` (created on first use)."""
@@ -81,7 +82,14 @@ class AsyncParameterServer(PsStrategy):
             return copy.read_value()
 
     def compute_gradients(self, optimizer, loss, read=None):
-        return super().compute_gradients(optimizer, loss, read=self._local_copy if self.overlap else read)
+        return super().compute_gradients(optimizer, loss, read=self._copy_of if self.overlap else read)
+
+    def _copy_of(self, var) -> tf.Tensor:
+        """A read of `var`'s worker-side copy: the one the run's first step made, else a new one."""
+        for copy, original in self._copies:
+            if original is var:
+                return copy.read_value()
+        return self._local_copy(var)
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         if not self.overlap:
@@ -91,6 +99,10 @@ class AsyncParameterServer(PsStrategy):
             )
             transfer.narrow_reads([step], self.transfer_dtype)
             return step
+        if self.step_in_run > 0:  # a later step of the run: its gradients join the first step's queue
+            with tf.device(self.compute_devices[0]), tf.name_scope("gradient_queue"):
+                flat = _flat(grads_and_vars)[1]
+                return self.when_data(lambda: self._enqueue_and_count(flat))
         worker = self.compute_devices[0]
         queue, step, per_grad = self._queued(grads_and_vars)
         to_push = []
@@ -136,21 +148,20 @@ class AsyncParameterServer(PsStrategy):
         op) and, per gradient, its tensors as the transfer loop dequeues them.
         Sets `_counts` (gradients queued, gradients applied).
         """
-        # A sparse gradient travels as its (values, indices); its row count changes every step.
-        parts = [(g.values, g.indices) if sparse.is_sparse(g) else (g,) for g, _ in grads_and_vars]
-        flat = [t for p in parts for t in p]
+        parts, flat = _flat(grads_and_vars)
         wire = [self.transfer_dtype if t.dtype.is_floating and self.transfer_dtype else t.dtype for t in flat]
         with tf.device(self.compute_devices[0]), tf.name_scope("gradient_queue"):
             queue = v1.FIFOQueue(1, wire, name="gradients")
             queued = _local_variable(lambda: tf.constant(0, tf.int64), "queued")
             applied = _local_variable(lambda: tf.constant(0, tf.int64), "applied")
 
-            def enqueue_and_count():
+            def enqueue_and_count(flat=flat):
                 enqueue = queue.enqueue([tf.cast(t, w) for t, w in zip(flat, wire, strict=True)])
                 with tf.control_dependencies([enqueue]):
                     return queued.assign_add(1, read_value=False)
 
             step = self.when_data(enqueue_and_count)  # a step with no data queues nothing
+            self._enqueue_and_count = enqueue_and_count
             received = queue.dequeue()
             received = list(received) if isinstance(received, list | tuple) else [received]
         for tensor, sent in zip(received, flat, strict=True):
@@ -250,6 +261,15 @@ class _TransferLoop(tf_internals.RoundsQueueRunner):
             with self._trace_lock:
                 self._in_flight -= 1
                 self._traces.append(metadata.step_stats)
+
+
+def _flat(grads_and_vars) -> tuple[list[tuple], list[tf.Tensor]]:
+    """Each gradient's tensors as queued, and all of them in order.
+
+    A sparse gradient travels as its (values, indices); its row count changes every step.
+    """
+    parts = [(g.values, g.indices) if sparse.is_sparse(g) else (g,) for g, _ in grads_and_vars]
+    return parts, [t for p in parts for t in p]
 
 
 def _updates_by_variable(ops) -> dict[str, list[tf.Operation]]:

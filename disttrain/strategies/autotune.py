@@ -98,23 +98,30 @@ class Autotuner:
         self.chosen: Setting | None = None  # set by the hook
         self.seconds: list[float] = []  # per candidate, summed over the replicas
 
-    def reduce(self, grads: list[tf.Tensor], reduce_fn: ReduceFn, keys: Iterator[int]) -> list[tf.Tensor]:
+    def reduce(
+        self, grads: list[tf.Tensor], reduce_fn: ReduceFn, keys: Iterator[int], first: bool = True
+    ) -> list[tf.Tensor]:
         """`reduce_fn(grads, setting, keys)` for the chosen setting; builds the probes too.
 
-        Call once, on the device the all-reduce runs on; every replica must
-        call it with the same shapes and the same `keys` position.
+        Call on the device the all-reduce runs on; every replica must call it
+        with the same shapes and the same `keys` position. Once per step of a
+        run: the first call (`first`) builds the probes and the choice, the
+        others use them.
         """
         if not grads:
             return []
-        self._index = v1.get_variable(
-            "allreduce_setting",
-            initializer=0,
-            dtype=tf.int32,
-            trainable=False,
-            collections=[v1.GraphKeys.LOCAL_VARIABLES],
-        )
+        if first:
+            self._index = v1.get_variable(
+                "allreduce_setting",
+                initializer=0,
+                dtype=tf.int32,
+                trainable=False,
+                collections=[v1.GraphKeys.LOCAL_VARIABLES],
+            )
         branches = [lambda s=s: reduce_fn(grads, s, keys) for s in self.settings]
         reduced = tf.switch_case(self._index.read_value(), branches, name="autotuned")
+        if not first:
+            return list(reduced)
         with tf.name_scope("autotune"):
             zeros = [tf.zeros(g.shape, g.dtype) for g in grads]
             for i, setting in enumerate(self.settings):

@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, input_feeds, placement, schedules
+from disttrain import input_context, input_feeds, placement, run_steps, schedules
 from disttrain.clipping import Clip, clip_by_global_norm
 from disttrain.cluster import Cluster
+from disttrain.config import steps_count
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, transfer
 
@@ -111,11 +112,7 @@ def _weighted_sum(grads: list, weights: list, share) -> tf.Tensor | tf.IndexedSl
     if all(sparse.is_sparse(g) for g in grads):
         if weights[0] is None:
             return sparse.mean(grads)
-        scaled = [
-            tf.IndexedSlices(g.values * tf.cast(w * share, g.values.dtype), g.indices, g.dense_shape)
-            for g, w in zip(grads, weights, strict=True)
-        ]
-        return sparse.summed(scaled)
+        return sparse.summed([sparse.scaled(g, w * share) for g, w in zip(grads, weights, strict=True)])
     dense = [tf.convert_to_tensor(g) for g in grads]
     if weights[0] is None:
         return tf.add_n(dense) / len(dense)
@@ -123,6 +120,65 @@ def _weighted_sum(grads: list, weights: list, share) -> tf.Tensor | tf.IndexedSl
     return tf.add_n([g * tf.cast(w, dtype) for g, w in zip(dense, weights, strict=True)]) * tf.cast(
         share, dtype
     )
+
+
+_ITERATOR_OPS = frozenset({"OneShotIterator", "IteratorV2", "AnonymousIteratorV2", "AnonymousIteratorV3"})
+
+
+class _MicroBatches:
+    """One tower's micro-batches of a step, summed as each is built: gradients, loss, data weight.
+
+    A micro-batch weighs 1, or 0 once its input has ended (its data-present
+    flags). The next micro-batch is built after `last` (the running sums
+    through this one), so that one micro-batch's activations are alive at a
+    time. Dense gradients are summed as they come; sparse ones stay rows.
+    """
+
+    def __init__(self):
+        self.last: list = []
+        self._dense: dict[int, tf.Tensor] = {}
+        self._rows: dict[int, list[tf.IndexedSlices]] = {}
+        self._vars: list = []
+        self._loss = self._plain = self._weight = None
+        self._flagged, self._count = False, 0
+
+    def add(self, loss: tf.Tensor, pairs: list, flags: list) -> None:
+        """Add one micro-batch's loss, (grad, var) pairs and data-present flags."""
+        weight = tf.cast(tf.reduce_all(tf.stack(flags)), tf.float32) if flags else tf.constant(1.0)
+        self._flagged |= bool(flags)
+        self._count += 1
+        if not self._vars:
+            self._vars = [v for _, v in pairs]
+        self.last = []
+        for i, (grad, _) in enumerate(pairs):
+            grad = sparse.scaled(grad, weight) if flags else grad
+            if sparse.is_sparse(grad):
+                self._rows.setdefault(i, []).append(grad)
+                self.last += [grad.values, grad.indices]
+            else:
+                grad = tf.convert_to_tensor(grad)
+                self._dense[i] = grad if i not in self._dense else self._dense[i] + grad
+                self.last.append(self._dense[i])
+        self._loss = weight * loss if self._loss is None else self._loss + weight * loss
+        self._plain = loss if self._plain is None else self._plain + loss
+        self._weight = weight if self._weight is None else self._weight + weight
+        self.last.append(self._loss)
+
+    def mean(self) -> tuple[tf.Tensor, list, tf.Tensor | None]:
+        """(loss, [(grad, var)], weight): the mean over the micro-batches with data, and their count.
+
+        Weight None when no flag was read (every micro-batch counts). With
+        none of data, zero gradients and the plain mean loss (a stand-in).
+        """
+        count = tf.maximum(self._weight, 1.0) if self._flagged else tf.constant(float(self._count))
+        pairs = []
+        for i, var in enumerate(self._vars):
+            total = sparse.summed(self._rows[i]) if i in self._rows else self._dense[i]
+            pairs.append((sparse.scaled(total, 1.0 / count), var))
+        loss = self._loss / count
+        if self._flagged:
+            loss = tf.where(self._weight > 0, loss, self._plain / self._count)
+        return loss, pairs, self._weight if self._flagged else None
 
 
 def _refuse_mod_lookups(graph: tf.Graph) -> None:
@@ -133,6 +189,16 @@ def _refuse_mod_lookups(graph: tf.Graph) -> None:
             "partition_strategy='mod': use tf.nn.embedding_lookup (TF 2's, which splits ids by 'div') "
             "or pass partition_strategy='div'"
         )
+
+
+def _flag_weights(present: list[list[tf.Tensor]]) -> list[tf.Tensor | None]:
+    """Per tower, 1.0 while every batch it read is real data, else 0.0 (all None: no flag was read)."""
+    if not any(present):
+        return [None] * len(present)
+    return [
+        tf.cast(tf.reduce_all(tf.stack(flags)), tf.float32) if flags else tf.constant(1.0)
+        for flags in present
+    ]
 
 
 def visible_gpus() -> int:
@@ -158,13 +224,16 @@ class Strategy(abc.ABC):
       `votes_on_preemption` (see their comments below).
 
     It must override `apply_gradients(optimizer, grads_and_vars, global_step)`,
-    which returns the train op. It may override, with these signatures:
+    which returns the train op; it is called once per step of a run
+    (`steps_per_run`), in order, `step_in_run` saying which, and builds what
+    a graph needs once in step 0. It may override, with these signatures:
 
     - `compute_gradients(optimizer, loss, read=None)`: this task's gradients
       (call the base's; `read` says how a tower reads a variable);
     - `scope()`, `plan_placement(build_fn)`, `plan_from(specs)`,
       `variable_devices`, `place_remaining(global_step)`: where variables go;
-    - `examples_per_step(batch_size)`: examples one global step consumes;
+    - `examples_per_step(batch_size)`: examples one global step consumes
+      (multiply the base's: it counts towers and accumulated micro-batches);
     - `hooks(last_step)`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
     - `device_filters()`, `session_config(intra_op_threads, inter_op_threads)`:
       what its servers and sessions need.
@@ -207,6 +276,11 @@ class Strategy(abc.ABC):
     # True when its replicas agree, inside a step, to stop after it (one of its hooks stops them
     # all when one is preempted); else a preempted replica stops on its own at its next boundary.
     votes_on_preemption = False
+    # Set by minimize(): micro-batches per update, steps per session.run, and the step of the run
+    # whose update apply_gradients is building (it is called once per step, in order).
+    accumulate_steps = 1
+    steps_per_run = 1
+    step_in_run = 0
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster
@@ -237,6 +311,12 @@ class Strategy(abc.ABC):
         # True in a step that had no data where this strategy's update needs some, so that the
         # update was skipped and training is over for this replica (set by when_data; None: never).
         self.no_data: tf.Tensor | None = None
+        self.micro_batch = 0  # the micro-batch whose loss is being built (accumulate_steps)
+        # With several steps per run: a placeholder the loop feeds with the last step (steps at or past
+        # it change nothing: when_data), and the global step read when the run starts.
+        self.stop_at: tf.Tensor | None = None
+        self._run_start: tf.Tensor | None = None
+        self._global_step = None
 
     # ---- devices ----------------------------------------------------
 
@@ -281,7 +361,13 @@ class Strategy(abc.ABC):
     # ---- gradients ----------------------------------------------------
 
     def _build_towers(self, optimizer, loss_fn: Callable[[], tf.Tensor], read: Callable | None = None):
-        """Call loss_fn once per tower; return (losses, [(grad, var)] per tower, data flags per tower).
+        """Call loss_fn per tower and micro-batch; return (losses, [(grad, var)], data weights) per tower.
+
+        With `accumulate_steps` k, each tower's loss is built k times, each
+        reading the next batch of its pipeline (`InputContext.get_next`) after
+        the previous micro-batch's gradients are summed, and the tower's loss
+        and gradients are the mean over its micro-batches with data. A data
+        weight is None when no flag was read (`_tower_mean`).
 
         Each trainable `get_variable` variable is read once per step onto this
         host, by `read(variable) -> tensor` (default: a plain read), and the
@@ -297,28 +383,67 @@ class Strategy(abc.ABC):
         cached: dict[str, tuple[tf.Tensor, list]] = {}
         graph = v1.get_default_graph()
         caching_getter = self._caching_getter(read or tf.identity, cached)
+        towers = [_MicroBatches() for _ in self.compute_devices]
         losses, tower_grads, present = [], [], []
-        for i, device in enumerate(self.compute_devices):
-            self.tower = i
-            with (
-                self.setter.tower(device),
-                tf.name_scope(f"tower_{i}"),
-                v1.variable_scope(
-                    v1.get_variable_scope(), reuse=True if i > 0 else None, custom_getter=caching_getter
-                ),
-            ):
-                before, flags = len(graph.get_operations()), input_context.flag_count(graph)
-                loss = loss_fn()
-                present.append(input_context.flags_since(graph, flags))
-                copies = [pair for _, pairs in cached.values() for pair in pairs]
-                sparse.gather_on_tables(graph.get_operations()[before:], keep=[c for c, _ in copies])
-                # Variables get_variable did not make (Keras layers, tf.Variable) have no copy:
-                # the towers read them where they are, and their gradients are taken directly.
-                copied = {v.ref() for _, v in copies}
-                copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
-                tower_grads.append(_gradients_of_copies(optimizer, loss, copies))
-                losses.append(loss)
-        return losses, tower_grads, present
+        for m in range(self.accumulate_steps):
+            for i, device in enumerate(self.compute_devices):
+                self.tower, self.micro_batch = i, m
+                name = f"tower_{i}" if m == 0 else f"tower_{i}_micro_{m}"
+                with (
+                    self.setter.tower(device),
+                    tf.name_scope(name),
+                    v1.variable_scope(
+                        v1.get_variable_scope(), reuse=True if i or m else None, custom_getter=caching_getter
+                    ),
+                    tf.control_dependencies(towers[i].last),  # one micro-batch at a time
+                ):
+                    before, flags = len(graph.get_operations()), input_context.flag_count(graph)
+                    loss = self._call_loss(loss_fn)
+                    flags = input_context.flags_since(graph, flags)
+                    copies = [pair for _, pairs in cached.values() for pair in pairs]
+                    sparse.gather_on_tables(graph.get_operations()[before:], keep=[c for c, _ in copies])
+                    # Variables get_variable did not make (Keras layers, tf.Variable) have no copy:
+                    # the towers read them where they are, and their gradients are taken directly.
+                    copied = {v.ref() for _, v in copies}
+                    copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
+                    pairs = _gradients_of_copies(optimizer, loss, copies)
+                    if self.accumulate_steps > 1:
+                        towers[i].add(loss, pairs, flags)
+                    else:
+                        losses.append(loss)
+                        tower_grads.append(pairs)
+                        present.append(flags)
+        self.micro_batch = 0
+        if self.accumulate_steps == 1:
+            return losses, tower_grads, _flag_weights(present)
+        with self.setter.tower(self.compute_devices[0]), tf.name_scope("micro_batch_mean"):
+            return tuple(map(list, zip(*(tower.mean() for tower in towers), strict=True)))
+
+    def _call_loss(self, loss_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
+        """`loss_fn()`; refused when a repeated build of a tower (a later micro-batch or step) makes
+        new variables or input iterators: each would start afresh instead of going on."""
+        repeat = self.micro_batch > 0 or self.step_in_run > 0
+        graph = v1.get_default_graph()
+        ops, variables = len(graph.get_operations()), len(v1.global_variables())
+        loss = loss_fn()
+        if not repeat:
+            return loss
+        new_variables = v1.global_variables()[variables:]
+        iterators = [op for op in graph.get_operations()[ops:] if op.type in _ITERATOR_OPS]
+        if new_variables or iterators:
+            made = (
+                f"variable {new_variables[0].op.name}"
+                if new_variables
+                else f"input iterator {iterators[0].name}"
+            )
+            raise ConfigError(
+                f"the loss function made a new {made} when called again for the same tower (with "
+                "accumulate_steps or steps_per_run it is called once per micro-batch and step, and each "
+                "call must read the next batch with the same variables): create variables once "
+                "(get_variable, or a Keras model built outside the loss function) and read input with "
+                "ctx.get_next(dataset) or an iterator kept per graph"
+            )
+        return loss
 
     def _caching_getter(self, read: Callable, cached: dict) -> Callable:
         """A custom getter that reads each trainable non-table variable once, by `read`, into `cached`."""
@@ -351,10 +476,10 @@ class Strategy(abc.ABC):
         onto the variable before any gradient is taken (`sparse.gather_on_tables`).
         """
         if not callable(loss):
-            if self.num_towers > 1 or read is not None:
+            if self.num_towers > 1 or read is not None or self.accumulate_steps > 1:
                 raise ConfigError(
-                    f"{type(self).__name__} with several towers or worker-side copies needs minimize() "
-                    "to get a loss function, not a loss tensor"
+                    f"{type(self).__name__} with several towers, micro-batches or worker-side copies needs "
+                    "minimize() to get a loss function, not a loss tensor"
                 )
             self.loss = loss
             sparse.gather_on_tables(loss.graph.get_operations())
@@ -363,42 +488,42 @@ class Strategy(abc.ABC):
                 for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
-        if self.num_towers == 1 and read is None:
+        if self.num_towers == 1 and read is None and self.accumulate_steps == 1:
             graph = v1.get_default_graph()
             before, flags = len(graph.get_operations()), input_context.flag_count(graph)
             with self.setter.tower(self.compute_devices[0]):
-                loss = loss()
+                loss = self._call_loss(loss)
             sparse.gather_on_tables(graph.get_operations()[before:])
             pairs = [
                 (g, v)
                 for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
-            losses, tower_grads, present = [loss], [pairs], [input_context.flags_since(graph, flags)]
+            losses, tower_grads = [loss], [pairs]
+            weights = _flag_weights([input_context.flags_since(graph, flags)])
         else:
-            losses, tower_grads, present = self._build_towers(optimizer, loss, read)
+            losses, tower_grads, weights = self._build_towers(optimizer, loss, read)
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("tower_mean"):
-            return self._tower_mean(losses, tower_grads, present)
+            return self._tower_mean(losses, tower_grads, weights)
 
-    def _tower_mean(self, losses, tower_grads, present) -> list[tuple[tf.Tensor, tf.Variable]]:
-        """This replica's gradients: the mean over its towers that read real data this step.
+    def _tower_mean(self, losses, tower_grads, weights) -> list[tuple[tf.Tensor, tf.Variable]]:
+        """This replica's gradients: the mean over its towers' batches that were real data this step.
 
-        Sets `self.loss` (the same mean of the towers' losses) and, when any
-        tower reads through `InputContext.get_next`, `self.data_weight`
-        (how many towers read real data). A step with none has zero gradients.
+        `weights`: per tower, how many of its batches (micro-batches) were
+        real data, or None where it read no data-present flag (all None: the
+        plain mean). Sets `self.loss` (the same mean of the towers' losses)
+        and, when any tower reads through `InputContext.get_next`,
+        `self.data_weight` (the sum of the weights). A step with none has
+        zero gradients.
         """
-        if not any(present):
+        if all(w is None for w in weights):
             if len(losses) == 1:
                 self.loss = losses[0]
                 return tower_grads[0]
             self.loss = tf.add_n(losses) / len(losses)
-            weights = [None] * len(losses)
             share = 1.0 / len(losses)
         else:
-            weights = [
-                tf.cast(tf.reduce_all(tf.stack(flags)), tf.float32) if flags else tf.constant(1.0)
-                for flags in present
-            ]
+            weights = [tf.constant(1.0) if w is None else w for w in weights]
             self.data_weight = tf.add_n(weights)
             share = 1.0 / tf.maximum(self.data_weight, 1.0)
             mean = tf.add_n([w * loss for w, loss in zip(weights, losses, strict=True)]) * share
@@ -419,6 +544,8 @@ class Strategy(abc.ABC):
         batch_size: int | None = None,
         *,
         clip: Clip | None = None,
+        accumulate_steps: int | None = 1,
+        steps_per_run: int | None = 1,
     ) -> tf.Operation:
         """Build the train op: gradients of `loss` applied as this strategy says.
 
@@ -445,12 +572,26 @@ class Strategy(abc.ABC):
         the tower it builds (its replica and tower, `batch_size`, `shard()`,
         `get_next()`). NumPy arrays its datasets are built from are fed when
         the input starts (`disttrain.input_feeds`), not written into the graph.
+        `accumulate_steps` k: each update is the mean gradient of k
+        micro-batches per tower, built one after the other (`_build_towers`);
+        the state updates are the first micro-batch's. `steps_per_run` s: the
+        train op makes s steps, one after the other, each reading the
+        variables its predecessor updated and the next batch of each
+        pipeline; `apply_gradients` is called once per step (`step_in_run`).
+        Both need a loss function.
         Call inside `scope()`.
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
         self._take_clip(clip)
         self.batch_size = batch_size
+        self.accumulate_steps = steps_count(accumulate_steps, "accumulate_steps")
+        self.steps_per_run = steps_count(steps_per_run, "steps_per_run")
+        if not callable(loss) and (self.accumulate_steps > 1 or self.steps_per_run > 1):
+            raise ConfigError(
+                "accumulate_steps and steps_per_run build the loss once per micro-batch and step: give "
+                "minimize() a loss function, not a loss tensor"
+            )
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
         if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
@@ -458,7 +599,37 @@ class Strategy(abc.ABC):
         self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
+        self.stop_at = self._run_start = None
+        self._global_step = global_step
+        train_op = None
+        for step in range(self.steps_per_run):
+            self.step_in_run = step
+            with self._after_step(train_op):
+                train_op = self._build_step(optimizer, loss, global_step, check_numerics, clip)
+        if self.steps_per_run > 1:
+            run_steps.mark(train_op, self.steps_per_run)
+        return train_op
+
+    @contextlib.contextmanager
+    def _after_step(self, previous: tf.Operation | None):
+        """Where a run's next step is built: after `previous` (its updates, its reads of the input),
+        with its variables."""
+        if previous is None:
+            yield
+            return
+        with (
+            tf.name_scope(f"step_{self.step_in_run}"),
+            v1.variable_scope(v1.get_variable_scope(), reuse=True),
+            tf.control_dependencies([previous]),
+        ):
+            yield
+
+    def _build_step(
+        self, optimizer, loss, global_step, check_numerics: bool, clip: Clip | None
+    ) -> tf.Operation:
+        """One training step of the run: gradients, their checks, the state updates, apply_gradients."""
         graph = v1.get_default_graph()
+        updates_before = 0 if self.step_in_run == 0 else len(v1.get_collection(v1.GraphKeys.UPDATE_OPS))
         loss, state_updates = _recording_state_updates(loss, graph) if callable(loss) else (loss, [])
         grads_and_vars = self.compute_gradients(optimizer, loss)
         _refuse_mod_lookups(graph)
@@ -466,14 +637,18 @@ class Strategy(abc.ABC):
             grads_and_vars = [
                 (sparse.deduplicated(g) if sparse.is_sparse(g) else g, v) for g, v in grads_and_vars
             ]
-        # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
-        # variable (accumulators, transfer casts) are made where the variable already is.
-        self.place_remaining(global_step)
+        if self.step_in_run == 0:
+            # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
+            # variable (accumulators, transfer casts) are made where the variable already is.
+            self.place_remaining(global_step)
         grads_and_vars = self._guarded(grads_and_vars, check_numerics, clip)
-        prefix = "tower_0/" if self.num_towers > 1 else ""
-        updates = [op for op in v1.get_collection(v1.GraphKeys.UPDATE_OPS) if op.name.startswith(prefix)]
+        # The first tower's (and micro-batch's) state updates made by this step.
+        prefix = graph.get_name_scope() + "/" if self.step_in_run else ""
+        prefix += "tower_0/" if self.num_towers > 1 or self.accumulate_steps > 1 else ""
+        made = v1.get_collection(v1.GraphKeys.UPDATE_OPS)[updates_before:]
+        updates = [op for op in made if op.name.startswith(prefix)]
         # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
-        batch = schedules.global_batch(self.examples_per_step(batch_size)) if batch_size else None
+        batch = schedules.global_batch(self.examples_per_step(self.batch_size)) if self.batch_size else None
         with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
             return self.apply_gradients(optimizer, grads_and_vars, global_step)
 
@@ -530,13 +705,36 @@ class Strategy(abc.ABC):
         changes nothing, not even the global step, and sets `no_data`, after
         which the loop stops. Without a weight (input that never ends, or a
         loss not read through `InputContext.get_next`) it is `update()` itself.
+        With several steps per run, a step of the run at or past `stop_at`
+        (fed by the loop: the last step) changes nothing either.
         """
         weight = self.data_weight if weight is None else weight
-        if weight is None:
+        live = self._before_the_end()
+        if weight is None and live is None:
             return update()
         with tf.name_scope("when_data"):
-            self.no_data = tf.less_equal(weight, 0.0, name="no_data")
-            return tf.cond(weight > 0, lambda: tf.group(update()), tf.no_op)
+            conditions = [] if live is None else [live]
+            if weight is not None:
+                self.no_data = tf.less_equal(weight, 0.0, name="no_data")
+                conditions.append(weight > 0)
+            go = tf.reduce_all(tf.stack(conditions)) if len(conditions) > 1 else conditions[0]
+            return tf.cond(go, lambda: tf.group(update()), tf.no_op)
+
+    def _before_the_end(self) -> tf.Tensor | None:
+        """True while the step being built is before `stop_at` (None with one step per run).
+
+        Counted from the global step read once at the start of the run (not
+        after the previous step, which other replicas may also move: async),
+        so a run never takes this replica past the last step.
+        """
+        if self.steps_per_run == 1:
+            return None
+        if self._run_start is None:
+            graph = v1.get_default_graph()
+            with graph.control_dependencies(None), graph.name_scope("run_start/"):
+                self.stop_at = v1.placeholder_with_default(tf.constant(2**62, tf.int64), [], name="stop_at")
+                self._run_start = tf.identity(self._global_step.read_value(), name="global_step")
+        return self._run_start + self.step_in_run < self.stop_at
 
     def clip_aggregate(self, grads_and_vars, colocate: bool = False):
         """The aggregate gradient clipped by its global norm when minimize() was asked to; else as given."""
@@ -556,6 +754,7 @@ class Strategy(abc.ABC):
             num_towers=self.num_towers,
             batch_size=self.batch_size,
             global_batch_size=self.examples_per_step(self.batch_size) if self.batch_size else None,
+            reads_again=self.micro_batch > 0 or self.step_in_run > 0,
         )
 
     def describe(self) -> str:
@@ -565,8 +764,9 @@ class Strategy(abc.ABC):
         return f"{type(self).__name__}({knobs})"
 
     def examples_per_step(self, batch_size: int) -> int:
-        """Examples consumed per increment of the global step (async: one replica's)."""
-        return batch_size * self.num_towers
+        """Examples consumed per increment of the global step (async: one replica's), micro-batches
+        counted."""
+        return batch_size * self.num_towers * self.accumulate_steps
 
     def hooks(self, last_step: int | None = None) -> list:
         """Session hooks this strategy needs (built after minimize()); training ends at `last_step`."""

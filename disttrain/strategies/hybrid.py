@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 
 import tensorflow as tf
 
@@ -99,6 +98,7 @@ class SyncHybrid(SyncParameterServer):
             communication_hint=communication_hint,
         )
         self.bucket_bytes, self.communication_hint = bucket_bytes, communication_hint
+        self._table_optimizer = None  # the tables' update's own optimizer (made by apply_gradients)
 
     # ---- placement: tables on the PS, the rest where the replica computes --------
 
@@ -137,31 +137,28 @@ class SyncHybrid(SyncParameterServer):
         tables = [(g, v) for g, v in grads_and_vars if _on_ps(v)]
         dense = [(g, v) for g, v in grads_and_vars if not _on_ps(v)]
         ring = self.ring
-        ring._keys = itertools.count(1)  # instance keys in build order: the same on every replica
-        contributed = self.data_weight
+        if self.step_in_run == 0:
+            ring.start_graph()
+            # The tables' optimizer: state of its own, made once (every step of a run updates it).
+            self._table_optimizer = _own_state(optimizer)
+        contributed, vote = self.data_weight, None
         if self.cluster.num_replicas > 1 and not self.cluster.is_local:
-            joined = self.data_weight is not None
             ring.data_weight = self.data_weight
-            if joined:
-                ring._build_vote(self.data_weight)
-                contributed = ring._vote[1][1] * ring.group_size
-            dense = ring._all_reduced(dense, contributed if joined else None)
-            if not joined:
-                ring._build_vote(None)
+            dense, contributed, vote = ring.summed(dense, self.step_in_run == 0)
         dense_update = self.when_data(
             lambda: optimizer.apply_gradients(dense, global_step=global_step), contributed
         )
         if not tables or self.cluster.is_local:
             # One process, or no table: the whole update is one process's.
             table_update = (
-                self.when_data(lambda: _own_state(optimizer).apply_gradients(tables), contributed)
+                self.when_data(lambda: self._table_optimizer.apply_gradients(tables), contributed)
                 if tables
                 else tf.no_op()
             )
         else:
-            table_update = super().apply_gradients(_own_state(optimizer), tables, self._table_step())
+            table_update = super().apply_gradients(self._table_optimizer, tables, self._table_step())
             table_update = self._every_replica_released(table_update)
-        votes = [ring._vote[1]] if ring._vote is not None else []
+        votes = [vote] if vote is not None else []
         return tf.group(dense_update, table_update, *votes, name="hybrid_train_op")
 
     def _every_replica_released(self, release: tf.Operation) -> tf.Tensor:

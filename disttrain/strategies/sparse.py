@@ -43,6 +43,20 @@ def summed(grads: list[tf.IndexedSlices]) -> tf.IndexedSlices:
     return tf.IndexedSlices(values, indices, grads[0].dense_shape)
 
 
+def scaled(grad, weight: tf.Tensor):
+    """`grad` (dense or rows) times a float32 scalar `weight`; rows with weight 0 are no rows at all.
+
+    A row whose gradient is zero is not nothing: a sparse update (momentum,
+    Adam) still moves that row's slots and value, so a gradient that weighs
+    nothing (a batch whose data ended) must name no row.
+    """
+    if is_sparse(grad):
+        kept = tf.shape(grad.indices)[0] * tf.cast(weight > 0, tf.int32)
+        values = grad.values[:kept] * tf.cast(weight, grad.values.dtype)
+        return tf.IndexedSlices(values, grad.indices[:kept], grad.dense_shape)
+    return grad * tf.cast(weight, grad.dtype)
+
+
 def shape_of(var) -> tf.Tensor:
     """A variable's full shape as a constant: the dense shape of its sparse gradients."""
     return tf.constant(var.shape.as_list(), tf.int64)

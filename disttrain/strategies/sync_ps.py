@@ -64,7 +64,7 @@ class SyncParameterServer(PsStrategy):
       (`disttrain.strategies.transfer`); accumulators, variables, optimizer
       state and the update stay float32 on the PS.
 
-    One increment of the global step consumes (N-b) x batch x towers examples.
+    One increment of the global step consumes (N-b) x batch x towers x accumulate_steps examples.
     With a single replica (or no cluster) gradients are applied directly.
     """
 
@@ -108,7 +108,7 @@ class SyncParameterServer(PsStrategy):
     closes_with_every_replica = False
 
     def examples_per_step(self, batch_size: int) -> int:
-        return self.replicas_to_aggregate * batch_size * self.num_towers
+        return self.replicas_to_aggregate * super().examples_per_step(batch_size)
 
     def compute_gradients(self, optimizer, loss, read=None):
         """As the base, but every variable read of this step comes after reading the global step.
@@ -154,7 +154,8 @@ class SyncParameterServer(PsStrategy):
         sent = transfer.leaving(self._before_sending(grads_and_vars), self.transfer_dtype)
         accumulators, applies = self._accumulate(sent)
         done, tokens, release, drain = self._report_and_wait(global_step, applies)
-        self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
+        if self.step_in_run == 0:  # later steps of a run report to the same queues (shared names)
+            self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
         train_op = tf.group(release, name="sync_train_op")
         transfer.narrow_reads([train_op], self.transfer_dtype)
         return train_op

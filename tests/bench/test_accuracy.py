@@ -112,7 +112,35 @@ def test_table_compares_each_system_with_one_process():
         accuracy.summarize("digits", "allreduce", 2, curve((1.5, 0.9), (3.0, 0.965)), 990, [0, 0], 0.95),
     ]
     text = accuracy.table(rows)
-    assert "| digits | allreduce | 2 | 10.0 | 3.0 | 3.00 | 640 | 0.9650 | -0.5 |" in text, text
+    # 640 examples in 3.0 s against one process's 640 in 2.0 s.
+    assert (
+        "| digits | allreduce | 2 | 1 | 1 | 10.0 | 3.0 | 3.00 | 640 | 213 | 0.67 | 0.9650 | -0.5 |" in text
+    ), text
+
+
+def test_each_row_is_compared_with_one_process_at_its_steps_per_run_without_accumulation():
+    def row(system, workers, secs, per_run=1, accumulate=1, start_examples=0):
+        points = curve((secs / 2, 0.9), (secs, 0.96))
+        for point in points:
+            point["start_examples"] = start_examples
+        out = accuracy.summarize("teacher", system, workers, points, 990, [0] * workers, 0.95)
+        out.update(steps_per_run=per_run, accumulate_steps=accumulate)
+        return out
+
+    rows = [
+        row("one_process", 1, 2.0),
+        row("one_process", 1, 1.0, per_run=10, start_examples=320),
+        row("one_process", 1, 4.0, accumulate=2),
+        row("allreduce", 2, 0.5, per_run=10, start_examples=320),
+        row("allreduce", 2, 3.0, accumulate=2),
+    ]
+    assert rows[1]["examples_per_sec"] == (640 - 320) / 1.0  # the first run's examples are start-up
+    assert accuracy.reference_row(rows, rows[3]) is rows[1]
+    assert accuracy.reference_row(rows, rows[4]) is rows[0]  # no accumulation, the same loop
+    assert accuracy.reference_row(rows, rows[2]) is rows[0]
+    text = accuracy.table(rows)
+    line = "| teacher | allreduce | 2 | 10 | 1 | 10.0 | 0.5 | 0.50 | 640 | 640 | 2.00 | 0.9600 | +0.0 |"
+    assert line in text, text
 
 
 def test_teacher_data_is_fixed_and_every_class_is_there():

@@ -105,6 +105,7 @@ disttrain.fit(
     batch_size=BATCH,
     log_every_steps=100,
     save_checkpoint_steps=100000,
+    {settings}
 )
 """
 
@@ -117,6 +118,7 @@ class Mode(NamedTuple):
     batch: int  # per replica
     strategy: str  # the expression fit's strategy= gets
     momentum: float = 0.9  # at the same effective rate LR / (1 - momentum)
+    settings: str = ""  # more keyword arguments of fit, e.g. "accumulate_steps=2,"
 
 
 LR_EFFECTIVE = 0.25
@@ -159,11 +161,11 @@ _RUNS: dict[str, dict[str, np.ndarray]] = {}
 MEASURED: dict[str, str] = {}
 
 
-def train(tmp_path_factory, mode: str) -> dict[str, np.ndarray]:
-    """Run `mode` once per session (real processes); the checkpointed weights at its last step."""
+def train(tmp_path_factory, mode: str, modes: dict[str, Mode] = MODES) -> dict[str, np.ndarray]:
+    """Run `mode` of `modes` once per session (real processes); the checkpointed weights at the end."""
     if mode in _RUNS:
         return _RUNS[mode]
-    num_ps, num_workers, batch, strategy, momentum = MODES[mode]
+    num_ps, num_workers, batch, strategy, momentum, settings = modes[mode]
     tmp_path = tmp_path_factory.mktemp(mode)
     logdir = tmp_path / "logdir"
     path = tmp_path / "correctness_model.py"
@@ -177,6 +179,7 @@ def train(tmp_path_factory, mode: str) -> dict[str, np.ndarray]:
             strategy=strategy,
             lr=LR_EFFECTIVE * (1 - momentum),
             momentum=momentum,
+            settings=settings,
         )
     )
     if num_workers == 0:

@@ -75,6 +75,7 @@ disttrain.fit(
     save_checkpoint_steps=2,
     ps_linger_secs=120,
     stall_steps=0,
+    {settings}
 )
 """
 
@@ -106,7 +107,7 @@ def write_ids(directory, sizes: list[int] = EVEN) -> str:
 
 
 def setup(
-    tmp_path, strategy: str, lr: float = 0.01, sizes=EVEN, batch=BATCH, knobs="", pause=0.1
+    tmp_path, strategy: str, lr: float = 0.01, sizes=EVEN, batch=BATCH, knobs="", pause=0.1, settings=""
 ) -> tuple[str, dict]:
     out = tmp_path / "read"
     out.mkdir()
@@ -122,6 +123,7 @@ def setup(
             knobs=knobs,
             pause=pause,
             ids=IDS,
+            settings=settings,
         )
     )
     cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
@@ -166,37 +168,51 @@ def pipelines(sizes: list[int], batch: int) -> list[list[np.ndarray]]:
     return [[share[i : i + batch] for i in range(0, len(share), batch)] for share in shares]
 
 
-def expected(sizes: list[int], batch: int, lr: float, by_replica: bool) -> tuple[float, np.ndarray]:
-    """w and the table after training, by the Join rules: each step, the pipelines that still have a batch.
+def expected(
+    sizes: list[int], batch: int, lr: float, by_replica: bool, accumulate: int = 1
+) -> tuple[float, np.ndarray]:
+    """w and the table after training, by the Join rules: each update, the batches that are still data.
 
-    By pipeline (all-reduce, and the hybrid's dense half): each gradient weighs 1 / the pipelines
-    with a batch. By replica (sync PS, and the hybrid's tables): 1 / the replicas with data, times
-    1 / that replica's towers with data (replica r feeds pipelines 2r and 2r + 1).
+    An update takes `accumulate` batches of each pipeline (micro-batches). By pipeline (all-reduce,
+    and the hybrid's dense half): each batch weighs 1 / the batches of the update. By replica (sync
+    PS, and the hybrid's tables): 1 / the replicas with data, times 1 / that replica's batches
+    (replica r feeds pipelines 2r and 2r + 1).
     """
     batches = pipelines(sizes, batch)
     w, table = 0.0, np.zeros(IDS)
-    for step in range(max(len(b) for b in batches)):
-        have = [step < len(b) for b in batches]
-        towers = [sum(have[2 * r : 2 * r + 2]) for r in range(2)]
+    for update in range(-(-max(len(b) for b in batches) // accumulate)):
+        steps = range(update * accumulate, (update + 1) * accumulate)
+        have = [[s for s in steps if s < len(b)] for b in batches]
+        mine = [len(have[2 * r]) + len(have[2 * r + 1]) for r in range(2)]
         for p, b in enumerate(batches):
-            if not have[p]:
-                continue
-            weight = 1 / (sum(1 for t in towers if t) * towers[p // 2]) if by_replica else 1 / sum(have)
-            w -= lr * weight * b[step].mean() / IDS
-            table[b[step]] -= lr * weight / len(b[step])
+            for s in have[p]:
+                if by_replica:
+                    weight = 1 / (sum(1 for t in mine if t) * mine[p // 2])
+                else:
+                    weight = 1 / sum(mine)
+                w -= lr * weight * b[s].mean() / IDS
+                table[b[s]] -= lr * weight / len(b[s])
     return w, table
 
 
+# Micro-batches and runs that outlast a pipeline's data: 3 per update, 2 updates per run.
+BOTH = "accumulate_steps=3, steps_per_run=2,"
+
+
 @pytest.mark.parametrize(
-    "strategy, sizes, batch, knobs",
+    "strategy, sizes, batch, knobs, settings",
     [
-        ("AsyncParameterServer", UNEVEN_FILES, 4, ""),
-        ("SyncParameterServer", UNEVEN_FILES, 4, ""),
-        ("SyncAllReduce", UNEVEN_FILES, 4, ""),
-        ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True"),
-        ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1"),
-        ("SyncAllReduce", FEWER_FILES, 5, ""),
-        ("SyncHybrid", UNEVEN_FILES, 4, ""),
+        ("AsyncParameterServer", UNEVEN_FILES, 4, "", ""),
+        ("SyncParameterServer", UNEVEN_FILES, 4, "", ""),
+        ("SyncAllReduce", UNEVEN_FILES, 4, "", ""),
+        ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True", ""),
+        ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1", ""),
+        ("SyncAllReduce", FEWER_FILES, 5, "", ""),
+        ("AsyncParameterServer", UNEVEN_FILES, 4, ", overlap=True", BOTH),
+        ("SyncParameterServer", UNEVEN_FILES, 4, "", BOTH),
+        ("SyncAllReduce", UNEVEN_FILES, 4, "", BOTH),
+        ("SyncHybrid", UNEVEN_FILES, 4, "", ""),
+        ("SyncHybrid", UNEVEN_FILES, 4, "", BOTH),
     ],
     ids=[
         "async-files",
@@ -205,12 +221,20 @@ def expected(sizes: list[int], batch: int, lr: float, by_replica: bool) -> tuple
         "async-overlap-records",
         "sync-backup-records",
         "allreduce-records",
+        "async-overlap-files-accumulate-per-run",
+        "sync-files-accumulate-per-run",
+        "allreduce-files-accumulate-per-run",
         "hybrid-files",
+        "hybrid-files-accumulate-per-run",
     ],
 )
-def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy, sizes, batch, knobs):
+def test_uneven_inputs_end_every_task_with_every_id_read_once(
+    tmp_path, strategy, sizes, batch, knobs, settings
+):
     """Pipelines whose data ends first wait with zero weight (Join): nobody hangs, nothing is skipped."""
-    path, cluster = setup(tmp_path, strategy, sizes=sizes, batch=batch, knobs=knobs, pause=0.0)
+    path, cluster = setup(
+        tmp_path, strategy, sizes=sizes, batch=batch, knobs=knobs, pause=0.0, settings=settings
+    )
     codes = run_all(start_all(path, tmp_path, cluster), tmp_path, timeout=180)
     assert set(codes.values()) == {0}, (codes, logs(tmp_path))
     counts, by_pipeline = ids_read(tmp_path)
@@ -229,14 +253,16 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(tmp_path, strategy
     if strategy != "AsyncParameterServer" and "backup" not in knobs:  # steps are deterministic
         saved = tf.train.load_checkpoint(str(tmp_path / "logdir"))
         ring, tables = strategy in ("SyncAllReduce", "SyncHybrid"), strategy != "SyncAllReduce"
-        w, _ = expected(sizes, batch, 0.01, by_replica=not ring)
-        _, table = expected(sizes, batch, 0.01, by_replica=tables)
+        accumulate = 3 if settings == BOTH else 1
+        w, _ = expected(sizes, batch, 0.01, by_replica=not ring, accumulate=accumulate)
+        _, table = expected(sizes, batch, 0.01, by_replica=tables, accumulate=accumulate)
         assert saved.get_tensor("w") == pytest.approx(w, rel=1e-4)
         np.testing.assert_allclose(saved.get_tensor("table")[:, 0], table, rtol=1e-4, atol=1e-7)
 
 
-def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
-    path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001)
+@pytest.mark.parametrize("per_run", [1, 3])
+def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path, per_run):
+    path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001, settings=f"steps_per_run={per_run},")
     procs = start_all(path, tmp_path, cluster)
     task_dir = tmp_path / "logdir" / "tasks" / "worker_1"
     try:
@@ -261,8 +287,9 @@ def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path):
     assert sorted(counts) == list(range(IDS)), "an id was skipped"
     repeated = [i for i, n in counts.items() if n > 1]
     # Only worker 1's ids, and at most what it read between its last save and the kill: the save
-    # interval (2 steps) and the step in flight, 2 towers x BATCH ids each.
+    # interval (2 steps, at run boundaries) and the run in flight, 2 towers x BATCH ids each.
     assert all(n == 2 for n in counts.values() if n > 1)
-    assert len(repeated) <= 3 * 2 * BATCH, sorted(repeated)
+    steps = 3 if per_run == 1 else 2 * per_run
+    assert len(repeated) <= steps * 2 * BATCH, sorted(repeated)
     # Worker 1's pipelines are 2 and 3 of 4, and pipeline k reads files k and k + 4.
     assert all(i % FILES in (2, 3, 6, 7) for i in repeated), sorted(repeated)

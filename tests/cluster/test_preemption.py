@@ -138,10 +138,12 @@ def test_sigterm_to_a_ps_stops_every_replica_after_the_chief_checkpoints_and_los
     assert after and min(after) >= saved
 
 
-def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tmp_path):
+@pytest.mark.parametrize("per_run", [1, 5])
+def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tmp_path, per_run):
     # The chief's aggregator once closed the token queues on its way out: the other replica took
     # that for the end of training and the run ended with exit 0 at the step of the signal.
     params = ["TrainConfig.train_steps=1500", "TrainConfig.log_every_steps=25", *BY_STEPS]
+    params.append(f"TrainConfig.steps_per_run={per_run}")
     cluster = LocalCluster(
         ["gin/mlp_sync.gin", TINY],
         str(tmp_path / "logdir"),
@@ -158,18 +160,29 @@ def test_sigterm_to_the_sync_chief_resumes_at_that_step_and_trains_to_the_end(tm
     adopted = int(re.search(r"adopting the PS tasks' live state at global step (\d+)", log).group(1))
     assert saved >= at and adopted == saved, (at, saved, adopted)  # sync: nobody stepped meanwhile
     assert read_results(cluster.logdir)["worker_0"]["global_step"] >= 1500
+    assert read_results(cluster.logdir)["worker_0"]["global_step"] == 1500 or per_run == 1  # not past it
 
 
-@pytest.mark.parametrize("gin_file, num_ps", [("gin/mlp_allreduce.gin", 0), ("gin/dlrm_hybrid.gin", 1)])
+@pytest.mark.parametrize(
+    "gin_file, num_ps, per_run",
+    [
+        ("gin/mlp_allreduce.gin", 0, 1),
+        ("gin/dlrm_hybrid.gin", 1, 1),
+        ("gin/mlp_allreduce.gin", 0, 5),
+        ("gin/dlrm_hybrid.gin", 1, 5),
+    ],
+)
 def test_sigterm_to_an_all_reduce_replica_stops_the_group_at_one_step_and_loses_none(
-    tmp_path, gin_file, num_ps
+    tmp_path, gin_file, num_ps, per_run
 ):
     """No PS to pass the word: the step's own all-reduce carries the flag, and both stop after it.
 
     Under SyncHybrid too (its dense half is a ring), whose restarted chief restores its tables from
-    that checkpoint rather than adopting the live ones (its dense half was not live).
+    that checkpoint rather than adopting the live ones (its dense half was not live). With several
+    steps per run, the run's first step carries the flag and both stop after the run.
     """
     params = ["TrainConfig.train_steps=2000", "TrainConfig.log_every_steps=25", *BY_STEPS]
+    params.append(f"TrainConfig.steps_per_run={per_run}")
     cluster = LocalCluster(
         [gin_file, TINY],
         str(tmp_path / "logdir"),
@@ -187,6 +200,7 @@ def test_sigterm_to_an_all_reduce_replica_stops_the_group_at_one_step_and_loses_
     assert "preempted (a replica of the all-reduce group is being preempted)" in log
     stopped = int(re.search(r"preempted: checkpointing at global step (\d+)", log).group(1))
     assert stopped >= at and stopped in checkpoint_steps(cluster.logdir), describe_failure(cluster)
+    assert stopped % per_run == 0, stopped  # at a run boundary
     after = steps_after_restart(chief.log_path, "preempted: checkpointing")
     after = [s for s in after if s > 0]
     assert after and min(after) > stopped, (after[:5], stopped)  # resumed there: no step lost

@@ -47,6 +47,8 @@ RUNS = {
     "preempt_secs": [0.5],
     "wait_log_secs": [0.5],
     "replica_memory_bytes": [2**30],
+    "accumulate_steps": [None, 2],
+    "steps_per_run": [None, 3],
 }
 # RunSettings field -> values refused in one line (None wherever None is not a documented value).
 REFUSED = {
@@ -68,6 +70,8 @@ REFUSED = {
     "preempt_secs": [0, None],
     "wait_log_secs": [0, None],
     "replica_memory_bytes": [0, 2.5],
+    "accumulate_steps": [0, 2.5],
+    "steps_per_run": [0, "2"],
 }
 # Strategy -> knob -> values that run in one process besides the default; companions a value needs are
 # added by _knobs.

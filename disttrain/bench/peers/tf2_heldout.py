@@ -76,12 +76,12 @@ class Curve:
     def __init__(self, path: str, examples_per_step: int, x: np.ndarray, y: np.ndarray):
         self.path, self.per_step, self.x, self.y = path, examples_per_step, x, y
         self.t0 = self.first_wall = None
-        self.eval_secs, self.last = 0.0, -1
+        self.eval_secs, self.last, self.start_step = 0.0, -1, 0
 
-    def start(self) -> None:
-        """The first step has ended (later calls do nothing)."""
+    def start(self, step: int = 1) -> None:
+        """The first call (the first steps have ended, the global step is `step`) starts the clock."""
         if self.t0 is None:
-            self.t0, self.first_wall = time.perf_counter(), time.time()
+            self.t0, self.first_wall, self.start_step = time.perf_counter(), time.time(), step
 
     def evaluate(self, step: int, correct: Callable[[np.ndarray, np.ndarray], int]) -> None:
         """One row at global step `step`; `correct(x, y)`: how many of a held-out batch the model gets."""
@@ -100,6 +100,7 @@ class Curve:
             "seconds": seconds,
             "accuracy": right / len(self.y),
             "first_step_wall": self.first_wall,
+            "start_examples": self.start_step * self.per_step,  # trained before the clock started
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
