@@ -208,9 +208,7 @@ def test_a_run_makes_no_step_past_the_last_one():
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "2"])
 def test_bad_counts_are_one_clear_error(value):
     for name in ("accumulate_steps", "steps_per_run"):
-        with pytest.raises(
-            ConfigError, match=rf"RunSettings.{name} must be (an integer )?>= 1 \(None: 1, "
-        ):
+        with pytest.raises(ConfigError, match=rf"RunSettings.{name} must be (an integer )?>= 1 \(None: 1, "):
             RunSettings.of(**{name: value})
 
 
