@@ -288,8 +288,8 @@ class StepWatch(v1.train.SessionRunHook):
     once hung for good, unseen) after `first_secs`. The hooks after a step
     (checkpoints, summaries: runs on the PS tasks, which hang on a frozen
     PS as a step does) are judged from this hook's `after_run` to the
-    `Done` hook's, which runs last: after `first_secs`, or `factor` times
-    the longest they took. Between steps (a loop of the user's own) only a
+    `Done` hook's, which runs last: after 5 x `first_secs`, or `factor`
+    times the longest they took. Between steps (a loop of the user's own) only a
     lost peer ends the task.
     """
 
@@ -331,7 +331,9 @@ class StepWatch(v1.train.SessionRunHook):
         self._recent.append(time.monotonic() - self._started)
         self._steps += self._run_steps
         self._started = time.monotonic()
-        threshold = max(self._first, self._factor * self._hooks_longest)
+        # A chief's save of a large model may take minutes with every peer well: 5 x first_secs
+        # (10 min at the default peer_wait_secs) before a save is taken for hung on a frozen PS.
+        threshold = max(5 * self._first, self._factor * self._hooks_longest)
         self._watchdog.enter(
             f"the hooks after step {self._steps} (checkpoints, summaries)", threshold, may_hang=True
         )
