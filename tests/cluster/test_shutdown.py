@@ -76,7 +76,9 @@ def test_a_replica_whose_ps_left_during_the_overlap_drain_exits_0_with_one_line(
     PS that died mid-call never returns by itself, and the watchdog ends it (BUILD_NOTES). Either
     way it exits 0 (training is over) with one line saying why, within the watchdog's bound.
     """
-    gate, steps = tmp_path / "gate", 60
+    # Enough steps that worker 1 starts before the chief alone finishes them (60 did not, at a
+    # loaded CI's start-up: worker 1 found the run over and never reached its held rounds).
+    gate, steps = tmp_path / "gate", 4000
     overlay = tmp_path / "slow_drain.gin"
     overlay.write_text(
         "import tests.cluster.slow_drain\n"
