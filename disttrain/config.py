@@ -65,12 +65,11 @@ _ACCEPTS = {
 
 
 def steps_count(value, name: str) -> int:
-    """`value` as a count of steps (None: 1); ConfigError naming `name` unless an int >= 1."""
-    if value is None:
-        return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1 (1 or None: off), got {value!r}")
-    return value
+    """The RunSettings field `name` (a count of steps) as an int, None as 1, checked by its rule."""
+    problem = _ACCEPTS[name].problem(value)
+    if problem:
+        raise ConfigError(f"{name} {problem}, got {value!r}")
+    return 1 if value is None else value
 
 
 @dataclasses.dataclass(frozen=True)
