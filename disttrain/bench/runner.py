@@ -467,7 +467,7 @@ class Benchmark:
 
     def _itemsize(self, spec: RunSpec) -> int:
         """Bytes per float32 value `spec`'s system sends: disttrain's per its transfer_dtype, the peers' 4."""
-        if spec.system != "disttrain":
+        if spec.system != "disttrain" and _strategy_of(spec.system) is None:  # a peer or TF's default
             return traffic.FLOAT32_BYTES
         if spec.kind.name not in self._itemsizes:
             config = self.config.load_config(self._bindings(spec.kind))

@@ -246,3 +246,33 @@ def test_transfer_itemsize_of_a_built_strategy():
     assert tr.transfer_itemsize(SyncParameterServer(cluster, transfer_dtype="float16")) == 2
     assert tr.transfer_itemsize(SyncAllReduce(cluster, transfer_dtype="float32")) == 4
     assert tr.transfer_itemsize(object()) == 4  # a strategy with no such knob sends float32
+
+
+@pytest.mark.parametrize("system", ["disttrain", "disttrain:hybrid", "disttrain:sync_ps"])
+def test_the_bound_of_each_disttrain_system_counts_its_own_transfer_dtype(system):
+    # `disttrain:<strategy>` systems send in their strategy's transfer_dtype as `disttrain` does;
+    # TF's default and the peers send float32 whatever disttrain's settings say.
+    import gin
+
+    from disttrain import cli
+    from disttrain.bench import runner
+
+    def load_config(bindings):
+        gin.clear_config()
+        return cli.train_config(["gin/bench/dlrm.gin"], list(bindings))
+
+    sixteen = [f"{name}.transfer_dtype='bfloat16'" for name in ("SyncHybrid", "SyncParameterServer")]
+    config = runner.BenchConfig(
+        gin_files=("gin/bench/dlrm.gin",),
+        load_config=load_config,
+        gin_params=(*sixteen, "SyncAllReduce.transfer_dtype='bfloat16'"),
+        systems=(system, "tf_default"),
+        strategy="hybrid" if system == "disttrain" else None,
+    )
+    try:
+        bench = runner.Benchmark(config, log=lambda line: None)
+        ours, theirs = bench._specs()[0], bench._specs()[-1]
+        assert (ours.system, theirs.system) == (system, "tf_default")
+        assert bench._itemsize(ours) == 2 and bench._itemsize(theirs) == 4
+    finally:
+        gin.clear_config()
