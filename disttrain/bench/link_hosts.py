@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from disttrain.errors import TransientError
 from disttrain.plan import links
 
 CONTROL_OFFSET = 1  # the control server listens at the task's port + this
@@ -44,10 +45,12 @@ def _control_address(address: str) -> tuple[str, int]:
 
 
 def _send_bytes(conn: socket.socket, nbytes: int) -> None:
+    """Send `nbytes`; a lost or silent peer ends it quietly (the reading side says so)."""
     block = memoryview(b"x" * CHUNK)
     left = nbytes
-    while left > 0:
-        left -= conn.send(block[: min(left, CHUNK)])
+    with contextlib.suppress(OSError):
+        while left > 0:
+            left -= conn.send(block[: min(left, CHUNK)])
 
 
 def _duplex(conn: socket.socket, lines, nbytes: int) -> None:
@@ -101,28 +104,49 @@ class _Control:
 
 
 class _Peer:
-    """Task 0's connection to another task's control server."""
+    """Task 0's connection to another task's control server; every call ends by `deadline`.
+
+    A peer that stops answering (its host froze, or its link went down with no
+    reset) raises TransientError at the deadline instead of holding task 0 for ever.
+    """
 
     def __init__(self, address: str, deadline: float):
+        self.address, self.deadline = address, deadline
         while True:
             try:
                 self.conn = socket.create_connection(_control_address(address), timeout=10)
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise ConnectionError(
-                        f"link probe: no task answered at {address} (control port): {e}"
-                    ) from None
+                    why = f"link probe: no task answered at {address} (control port): {e}"
+                    raise TransientError(why) from None
                 time.sleep(0.2)
         self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn.settimeout(None)
         self.lines = self.conn.makefile("rb")
 
+    @contextlib.contextmanager
+    def _bounded(self, what: str):
+        """Socket calls inside wait until the deadline at most; a timeout or a lost peer is one line."""
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            self.conn.settimeout(left)
+            yield
+        except TimeoutError:
+            raise TransientError(
+                f"link probe: the task at {self.address} did not answer {what} within --timeout_s"
+            ) from None
+        except OSError as e:  # ConnectionError included
+            why = f"link probe: lost contact with the task at {self.address} ({what}): {e}"
+            raise TransientError(why) from None
+
     def ask(self, command: str) -> str:
-        self.conn.sendall(f"{command}\n".encode())
-        answer = self.lines.readline()
+        with self._bounded(command):
+            self.conn.sendall(f"{command}\n".encode())
+            answer = self.lines.readline()
         if not answer:
-            raise ConnectionError("a link probe task closed its control connection")
+            raise TransientError(f"link probe: the task at {self.address} closed its control connection")
         return answer.decode().strip()
 
     def one_way_ms(self) -> float:
@@ -134,10 +158,11 @@ class _Peer:
         return statistics.median(rtts) / 2 * 1e3
 
     def duplex_seconds(self, nbytes: int) -> float:
-        start = time.perf_counter()
-        self.conn.sendall(f"duplex {nbytes}\n".encode())
-        _duplex(self.conn, self.lines, nbytes)
-        return time.perf_counter() - start
+        with self._bounded(f"a transfer of {nbytes} bytes"):
+            start = time.perf_counter()
+            self.conn.sendall(f"duplex {nbytes}\n".encode())
+            _duplex(self.conn, self.lines, nbytes)
+            return time.perf_counter() - start
 
     def cpu(self) -> float:
         return float(self.ask("cpu"))
