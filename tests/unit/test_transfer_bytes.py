@@ -23,7 +23,13 @@ import tensorflow as tf
 from disttrain import placement
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
-from disttrain.strategies import AsyncParameterServer, SyncAllReduce, SyncParameterServer, transfer
+from disttrain.strategies import (
+    AsyncParameterServer,
+    SyncAllReduce,
+    SyncHybrid,
+    SyncParameterServer,
+    transfer,
+)
 
 v1 = tf.compat.v1
 
@@ -66,6 +72,7 @@ MODES = {
     "sync_ps_pieces": (SyncParameterServer, ps_cluster, {"piece_bytes": 65536}),
     "sync_ps_towers": (SyncParameterServer, ps_cluster, {"num_towers": 2}),
     "allreduce": (SyncAllReduce, ring_cluster, {"densify_below_bytes": 0}),
+    "hybrid": (SyncHybrid, ps_cluster, {}),  # the table's rows from its PS, the dense layers over the ring
     "async_keras": (AsyncParameterServer, ps_cluster, {}),
     "async_overlap_keras": (AsyncParameterServer, ps_cluster, {"overlap": True}),
     "sync_ps_keras": (SyncParameterServer, ps_cluster, {}),
@@ -126,7 +133,7 @@ def test_16_bit_transfer_sends_at_most_0_55_of_float32s_bytes(mode):
     assert wide == [], f"{mode}: float32 tensors still cross: {wide}"
 
 
-@pytest.mark.parametrize("mode", ["async", "async_overlap", "sync_ps"])
+@pytest.mark.parametrize("mode", ["async", "async_overlap", "sync_ps", "hybrid"])
 def test_table_rows_cross_in_16_bits_and_their_indices_as_integers(mode):
     graph, fetches = built(mode, "bfloat16")
     with graph.as_default():
@@ -170,5 +177,5 @@ def test_a_transfer_dtype_that_is_not_16_bits_is_refused_in_one_line(cls):
 
 
 def test_every_strategy_declares_transfer_dtype_a_knob():
-    for cls in (AsyncParameterServer, SyncParameterServer, SyncAllReduce):
+    for cls in (AsyncParameterServer, SyncParameterServer, SyncAllReduce, SyncHybrid):
         assert "transfer_dtype" in cls.knobs
