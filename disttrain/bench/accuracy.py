@@ -650,8 +650,12 @@ def table(rows: list[dict]) -> str:
 
 
 def _settings(row: dict) -> str:
-    """', 10 steps/run, 2 accumulated' for a row's settings that are not 1."""
-    named = (("steps/run", row.get("steps_per_run", 1)), ("accumulated", row.get("accumulate_steps", 1)))
+    """', 10 steps/run, 2 accumulated, 2 x the batch' for a row's settings that are not 1."""
+    named = (
+        ("steps/run", row.get("steps_per_run", 1)),
+        ("accumulated", row.get("accumulate_steps", 1)),
+        ("x the batch", row.get("batch_scale", 1)),
+    )
     return "".join(f", {value} {name}" for name, value in named if value != 1)
 
 
@@ -785,7 +789,10 @@ def paired_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str) -> str | None:
-    """Held-out accuracy against seconds since the first step, per system; None without matplotlib."""
+    """Held-out accuracy against seconds since the first step, per system; None without matplotlib.
+
+    Another seed's run of the same system and settings is drawn fainter, under the first one's label.
+    """
     try:
         import matplotlib
 
@@ -798,17 +805,21 @@ def plot(rows: list[dict], path: str) -> str | None:
     workers = {r["workers"] for r in rows}
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
+        labelled = set()
         for r in rows:
             if r["task"] == task and r["curve"]:
                 secs, _, acc = zip(*r["curve"], strict=True)
+                label = f"{r['system']} ({r['workers']}{_settings(r)})"
                 ax.plot(
                     secs,
                     acc,
                     marker=".",
                     color=colours(list(SYSTEMS).index(r["system"]) % 20),
                     linestyle=styles[sorted(workers).index(r["workers"]) % len(styles)],
-                    label=f"{r['system']} ({r['workers']}{_settings(r)})",
+                    alpha=0.35 if label in labelled else 1.0,
+                    label=None if label in labelled else label,
                 )
+                labelled.add(label)
         ax.axhline(
             next(r["target"] for r in rows if r["task"] == task), color="grey", linestyle="--", linewidth=0.8
         )

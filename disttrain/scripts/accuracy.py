@@ -13,6 +13,12 @@ accuracy and its difference from one process's), writes the JSON report
 digits (scikit-learn's, the `accuracy` extra), teacher (CIFAR-shaped, labels
 from a fixed teacher). `python bin/accuracy.py ...` is the same from a checkout.
 Exits non-zero if a run failed or did not train.
+
+--seeds=0,1,2 repeats every run per seed (initial weights and shuffles; the
+held-out split stays) and adds two tables: each system's end figures (the
+last evaluation, the mean of the last 3) as mean ± standard error over seeds,
+and each 16-bit system's seed-paired difference from its float32 twin (and
+accumulation's from one step of the same global batch, --batch_scale).
 """
 
 import itertools

@@ -100,3 +100,21 @@ def test_a_tf2_peer_is_given_the_seed(tmp_path):
     with open(tmp_path / "peer_spec.json") as f:
         assert json.load(f)["heldout"]["seed"] == 3
     assert argv[-1] == f"--spec={tmp_path / 'peer_spec.json'}"
+
+
+def test_plot_labels_each_system_once_over_seeds(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt  # the `bench` extra, which the test command installs: never a skip
+
+    rows = [row("allreduce", s, [0.5, 0.6, 0.7]) for s in (0, 1, 2)] + [
+        row("allreduce", 0, [0.6], batch_scale=2)
+    ]
+    drawn, savefig = [], plt.Figure.savefig
+
+    def keep_labels(fig, *args, **kwargs):
+        drawn.extend(line.get_label() for line in fig.axes[0].get_lines())
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep_labels)
+    assert accuracy.plot(rows, str(tmp_path / "p.png"))
+    shown = [label for label in drawn if not label.startswith("_")]  # matplotlib's own: _child0 ...
+    assert shown == ["allreduce (2, 10 steps/run)", "allreduce (2, 10 steps/run, 2 x the batch)"], drawn
