@@ -605,14 +605,15 @@ def one_line(row: dict) -> str:
 
 
 def reference_row(rows: list[dict], row: dict) -> dict | None:
-    """The one-process row `row` is compared with: its task's, at its steps per run, without
-    accumulation (else the task's first one-process row without accumulation, else any)."""
+    """The one-process row `row` is compared with: its task's, at its steps per run and seed, without
+    accumulation or a scaled batch (else at its steps per run, else the task's first such row, else any)."""
     alone = [
         r for r in rows if r["task"] == row["task"] and r["system"] == "one_process" and "failed" not in r
     ]
-    plain = [r for r in alone if r.get("accumulate_steps", 1) == 1]
+    plain = [r for r in alone if r.get("accumulate_steps", 1) == 1 and r.get("batch_scale", 1) == 1]
     same = [r for r in plain if r.get("steps_per_run", 1) == row.get("steps_per_run", 1)]
-    return (same or plain or alone or [None])[0]
+    seeded = [r for r in same if r.get("seed", 0) == row.get("seed", 0)]
+    return (seeded or same or plain or alone or [None])[0]
 
 
 def _ratio(value, reference) -> str:
@@ -632,7 +633,8 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         head = f"| {r['task']} | {r['system']} | {r['workers']} | "
-        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)} | "
+        scaled = f" (batch x{r['batch_scale']})" if r.get("batch_scale", 1) != 1 else ""
+        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)}{scaled} | "
         if "failed" in r:
             lines.append(head + f"failed: {r['failed']} | | | | | | | |")
             continue

@@ -118,3 +118,14 @@ def test_plot_labels_each_system_once_over_seeds(tmp_path, monkeypatch):
     assert accuracy.plot(rows, str(tmp_path / "p.png"))
     shown = [label for label in drawn if not label.startswith("_")]  # matplotlib's own: _child0 ...
     assert shown == ["allreduce (2, 10 steps/run)", "allreduce (2, 10 steps/run, 2 x the batch)"], drawn
+
+
+def test_each_row_is_compared_with_one_process_at_its_seed_and_a_scaled_batch_is_shown():
+    rows = [row("one_process", s, [0.5, 0.6 + 0.01 * s]) for s in (0, 1)]
+    rows += [
+        row("one_process", 1, [0.5, 0.9], batch_scale=2),
+        row("allreduce", 1, [0.5, 0.62], batch_scale=2),
+    ]
+    assert accuracy.reference_row(rows, rows[3]) is rows[1]  # seed 1, the task's batch
+    assert "| teacher | allreduce | 2 | 10 | 1 (batch x2) |" in accuracy.table(rows)
+    assert "| 0.6200 | +1.0 |" in accuracy.table(rows)  # against seed 1's 0.61
