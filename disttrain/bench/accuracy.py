@@ -757,37 +757,34 @@ def _pm(mean: float, se: float | None, scale: float = 1.0, digits: int = 1, sign
     return text + (f" ± {scale * se:.{digits}f}" if se is not None else "")
 
 
+SETTING_COLUMNS = ("task", "system", "workers", "steps/run", "accumulate", "batch x")  # of SETTINGS
+
+
+def _markdown(header: list[str], body: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in cells) + " |" for cells in body])
+
+
 def seeds_table(rows: list[dict]) -> str:
     """A Markdown table: per system and settings, seeds and each end figure's mean ± SE, in %."""
-    lines = [
-        "| task | system | workers | steps/run | accumulate | batch x | seeds | final held-out acc. % | "
-        "mean of last 3 % |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    body = [
+        [*(e[k] for k in SETTINGS), len(e["seeds"]), _pm(e["final"], e["final_se"], 100)]
+        + [_pm(e["last3"], e["last3_se"], 100)]
+        for e in over_seeds(rows)
     ]
-    for e in over_seeds(rows):
-        head = " | ".join(str(e[k]) for k in SETTINGS)
-        lines.append(
-            f"| {head} | {len(e['seeds'])} | {_pm(e['final'], e['final_se'], 100)} | "
-            f"{_pm(e['last3'], e['last3_se'], 100)} |"
-        )
-    return "\n".join(lines)
+    return _markdown([*SETTING_COLUMNS, "seeds", "final held-out acc. %", "mean of last 3 %"], body)
 
 
 def paired_table(rows: list[dict]) -> str:
     """A Markdown table of `paired_differences`: points, mean ± SE over seeds."""
-    lines = [
-        "| task | system | against | workers | steps/run | accumulate | batch x | seeds | "
-        "final (points) | mean of last 3 (points) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    body = [
+        [e["task"], e["system"], e["against"], *(e[k] for k in SETTINGS[2:]), len(e["seeds"])]
+        + [_pm(e["final_points"], e["final_points_se"], sign="+")]
+        + [_pm(e["last3_points"], e["last3_points_se"], sign="+")]
+        for e in paired_differences(rows)
     ]
-    for e in paired_differences(rows):
-        head = f"| {e['task']} | {e['system']} | {e['against']} | {e['workers']} | {e['steps_per_run']} | "
-        head += f"{e['accumulate_steps']} | {e['batch_scale']} | {len(e['seeds'])} | "
-        lines.append(
-            head + f"{_pm(e['final_points'], e['final_points_se'], sign='+')} | "
-            f"{_pm(e['last3_points'], e['last3_points_se'], sign='+')} |"
-        )
-    return "\n".join(lines)
+    header = ["task", "system", "against", *SETTING_COLUMNS[2:], "seeds"]
+    return _markdown(header + ["final (points)", "mean of last 3 (points)"], body)
 
 
 def plot(rows: list[dict], path: str) -> str | None:
