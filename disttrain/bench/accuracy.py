@@ -265,18 +265,29 @@ def train_process(
     logdir: str,
     steps_per_run: int = 1,
     accumulate_steps: int = 1,
+    seed: int = 0,
+    batch_scale: int = 1,
 ):
-    """One task's life under `disttrain.fit` (any role; TF_CONFIG says which), with held-out evaluation."""
+    """One task's life under `disttrain.fit` (any role; TF_CONFIG says which), with held-out evaluation.
+
+    `seed` is the graph seed: the initial weights and the input shuffles
+    (never the task's held-out split). `batch_scale` multiplies the task's
+    per-replica batch; the rate, warmup and step count follow the examples
+    per update, as for accumulated micro-batches.
+    """
     spec, how = TASKS[task], SYSTEMS[system]
     train_x, train_y, held_x, held_y = spec.data()
     model = spec.model()
-    batch = spec.batch_size
+    batch = spec.batch_size * batch_scale
+    per_update = accumulate_steps * batch_scale  # task batches per replica per update
 
     started = os.path.join(logdir, CLOCK_FILE)
     pipelines = {}  # one per graph and pipeline: the loss is built once per micro-batch and step
 
     def loss_fn(ctx):
-        v1.set_random_seed(0)  # the same initial weights for every system
+        # The same initial weights for every system at a seed; the shuffles below (op seeds by
+        # pipeline) take the graph seed too, so another seed is another data order.
+        v1.set_random_seed(seed)
         key = (v1.get_default_graph(), ctx.input_pipeline_id)
         if key not in pipelines:
             data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
@@ -288,9 +299,9 @@ def train_process(
         features, labels = ctx.get_next(pipelines[key])
         return model.loss(model(features, training=True), labels)
 
-    per_step = examples_per_step(how, workers, batch, accumulate_steps)
-    rate, momentum = rate_and_momentum(spec, how, workers, accumulate_steps)
-    warmup = warmup_steps(spec, how, workers, accumulate_steps)
+    per_step = examples_per_step(how, workers, spec.batch_size, per_update)
+    rate, momentum = rate_and_momentum(spec, how, workers, per_update)
+    warmup = warmup_steps(spec, how, workers, per_update)
     rate = schedules.Constant(rate, warmup=warmup) if warmup else rate
     hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
     disttrain.fit(
@@ -405,12 +416,16 @@ def run_system(
     timeout: float = 600,
     steps_per_run: int = 1,
     accumulate_steps: int = 1,
+    seed: int = 0,
+    batch_scale: int = 1,
 ) -> dict:
     """Train `task` under `system` on a local cluster of real processes; its row of the report.
 
     examples, eval_every_steps, target: None takes the task's. steps_per_run,
     accumulate_steps: disttrain's settings (a TF 2 peer runs its own
-    `tf.function` of several steps and does not accumulate).
+    `tf.function` of several steps and does not accumulate). seed: the
+    initial weights' and shuffles' (the held-out split stays). batch_scale:
+    the task's per-replica batch times this (disttrain's systems only).
     """
     spec = TASKS[task]
     examples = examples or spec.examples
@@ -421,12 +436,13 @@ def run_system(
         if os.path.exists(os.path.join(logdir, stale)):
             os.remove(os.path.join(logdir, stale))
     if how.peer:
-        argv = peer_command(task, system, workers, examples, eval_every_steps, logdir)
-        steps_per_run, accumulate_steps = tf2.steps_per_function(eval_every_steps), 1
+        argv = peer_command(task, system, workers, examples, eval_every_steps, logdir, seed)
+        steps_per_run, accumulate_steps, batch_scale = tf2.steps_per_function(eval_every_steps), 1, 1
     else:
         args = dict(task=task, system=system, workers=workers, examples=examples)
         args.update(eval_every_steps=eval_every_steps, logdir=logdir)
         args.update(steps_per_run=steps_per_run, accumulate_steps=accumulate_steps)
+        args.update(seed=seed, batch_scale=batch_scale)
         code = f"from disttrain.bench.accuracy import train_process; train_process(**{args!r})"
         argv = [sys.executable, "-c", code]
     spawned = time.time()
@@ -434,6 +450,7 @@ def run_system(
     curve = read_curve(logdir)
     row = summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
     row.update(steps_per_run=steps_per_run, accumulate_steps=accumulate_steps)
+    row.update(seed=seed, batch_scale=batch_scale)
     return row
 
 
@@ -479,13 +496,16 @@ def run_cluster(argv: list[str], cluster: dict, logdir: str, timeout: float) -> 
                 p.wait()
 
 
-def peer_command(task: str, system: str, workers: int, examples: int, eval_every_steps: int, logdir: str):
+def peer_command(
+    task: str, system: str, workers: int, examples: int, eval_every_steps: int, logdir: str, seed: int = 0
+):
     """A TF 2 peer's command line, after writing what it needs (it cannot import disttrain) to `logdir`.
 
     The task's data as made here (task.npz: one definition of the split) and
     a JSON spec (peer_spec.json): the model_zoo model's sizes and variables,
     the batch, momentum SGD at the rate of disttrain's systems of its kind,
-    one compute thread, and the run's steps and evaluation cadence.
+    one compute thread, the run's steps and evaluation cadence, and the seed
+    of its initial weights and shuffles.
     """
     spec, how = TASKS[task], SYSTEMS[system]
     data_path, done_path = os.path.join(logdir, "task.npz"), os.path.join(logdir, "done")
@@ -520,6 +540,7 @@ def peer_command(task: str, system: str, workers: int, examples: int, eval_every
             "eval_every_steps": eval_every_steps,
             "steps": max(1, examples // per_step),
             "examples_per_step": per_step,
+            "seed": seed,
         },
     }
     spec_path = os.path.join(logdir, "peer_spec.json")
@@ -558,6 +579,7 @@ def summarize(
         secs_to_target=None if reached is None else round(reached["seconds"], 2),
         examples_to_target=None if reached is None else reached["examples"],
         final_accuracy=curve[-1]["accuracy"],
+        last3_accuracy=last_mean(row["curve"]),
         final_examples=curve[-1]["examples"],
         train_secs=round(curve[-1]["seconds"], 2),
     )
@@ -583,14 +605,15 @@ def one_line(row: dict) -> str:
 
 
 def reference_row(rows: list[dict], row: dict) -> dict | None:
-    """The one-process row `row` is compared with: its task's, at its steps per run, without
-    accumulation (else the task's first one-process row without accumulation, else any)."""
+    """The one-process row `row` is compared with: its task's, at its steps per run and seed, without
+    accumulation or a scaled batch (else at its steps per run, else the task's first such row, else any)."""
     alone = [
         r for r in rows if r["task"] == row["task"] and r["system"] == "one_process" and "failed" not in r
     ]
-    plain = [r for r in alone if r.get("accumulate_steps", 1) == 1]
+    plain = [r for r in alone if r.get("accumulate_steps", 1) == 1 and r.get("batch_scale", 1) == 1]
     same = [r for r in plain if r.get("steps_per_run", 1) == row.get("steps_per_run", 1)]
-    return (same or plain or alone or [None])[0]
+    seeded = [r for r in same if r.get("seed", 0) == row.get("seed", 0)]
+    return (seeded or same or plain or alone or [None])[0]
 
 
 def _ratio(value, reference) -> str:
@@ -610,7 +633,8 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         head = f"| {r['task']} | {r['system']} | {r['workers']} | "
-        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)} | "
+        scaled = f" (batch x{r['batch_scale']})" if r.get("batch_scale", 1) != 1 else ""
+        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)}{scaled} | "
         if "failed" in r:
             lines.append(head + f"failed: {r['failed']} | | | | | | | |")
             continue
@@ -628,13 +652,146 @@ def table(rows: list[dict]) -> str:
 
 
 def _settings(row: dict) -> str:
-    """', 10 steps/run, 2 accumulated' for a row's settings that are not 1."""
-    named = (("steps/run", row.get("steps_per_run", 1)), ("accumulated", row.get("accumulate_steps", 1)))
+    """', 10 steps/run, 2 accumulated, 2 x the batch' for a row's settings that are not 1."""
+    named = (
+        ("steps/run", row.get("steps_per_run", 1)),
+        ("accumulated", row.get("accumulate_steps", 1)),
+        ("x the batch", row.get("batch_scale", 1)),
+    )
     return "".join(f", {value} {name}" for name, value in named if value != 1)
 
 
+# ---- over seeds: each system's end figures, and 16-bit and accumulation against their twins -------
+
+END_FIGURES = ("final", "last3")  # the last evaluation's accuracy; the mean of the last 3 (steadier)
+SETTINGS = ("task", "system", "workers", "steps_per_run", "accumulate_steps", "batch_scale")
+
+
+def last_mean(curve: list, last: int = 3) -> float:
+    """Mean held-out accuracy of the last `last` evaluations of a row's curve (seconds, examples, accuracy).
+
+    An evaluation at the same examples as the one before (the end of a run
+    that ends on the cadence) counts once.
+    """
+    points = [p for i, p in enumerate(curve) if i + 1 == len(curve) or curve[i + 1][1] != p[1]]
+    return float(np.mean([p[2] for p in points[-last:]]))
+
+
+def end_figures(row: dict) -> dict[str, float]:
+    """A finished row's end figures (END_FIGURES), as accuracies."""
+    return {"final": row["final_accuracy"], "last3": last_mean(row["curve"])}
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float | None]:
+    """The mean and its standard error (sample standard deviation over sqrt(n)); no SE for one value."""
+    mean = float(np.mean(values))
+    return mean, (float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None)
+
+
+def _settings_of(row: dict) -> tuple:
+    defaults = {"steps_per_run": 1, "accumulate_steps": 1, "batch_scale": 1}
+    return tuple(row.get(k, defaults.get(k)) for k in SETTINGS)
+
+
+def over_seeds(rows: list[dict]) -> list[dict]:
+    """Per system and settings, the mean and SE over seeds of each end figure; failed runs left out."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "failed" not in r:
+            groups.setdefault(_settings_of(r), []).append(r)
+    out = []
+    for key, members in groups.items():
+        entry = dict(zip(SETTINGS, key, strict=True), seeds=[r.get("seed", 0) for r in members])
+        for figure in END_FIGURES:
+            entry[figure], entry[f"{figure}_se"] = mean_and_se([end_figures(r)[figure] for r in members])
+        out.append(entry)
+    return out
+
+
+def twin(row: dict) -> tuple[str, dict] | None:
+    """What `row` is compared with at its seed: (kind, the twin's settings that differ), or None.
+
+    16-bit: `X_bf16` against `X` at the same settings. Accumulation: k
+    micro-batches of the task's batch against one step of k times it
+    (`batch_scale`), the same system, global batch and rate.
+    """
+    if row["system"].endswith("_bf16"):
+        return "16-bit", {"system": row["system"][: -len("_bf16")]}
+    k = row.get("accumulate_steps", 1)
+    if k > 1 and row.get("batch_scale", 1) == 1:
+        return "accumulation", {"accumulate_steps": 1, "batch_scale": k}
+    return None
+
+
+def paired_differences(rows: list[dict]) -> list[dict]:
+    """Per compared system and settings, the mean over seeds of (its end figure minus its twin's at
+    the same seed), in points, and its standard error. Seeds where either run failed are left out.
+
+    The same seed gives both the same initial weights and data order, so the
+    difference is the setting's alone (and, for async systems, their timing).
+    """
+    done = {(_settings_of(r), r.get("seed", 0)): r for r in rows if "failed" not in r}
+    groups: dict[tuple, list[tuple[int, dict, dict]]] = {}
+    for (settings, seed), r in done.items():
+        paired = twin(r)
+        if paired is None:
+            continue
+        kind, change = paired
+        other = done.get((_settings_of(dict(r, **change)), seed))
+        if other is not None:
+            groups.setdefault((kind, settings, other["system"]), []).append((seed, r, other))
+    out = []
+    for (kind, settings, against), pairs in groups.items():
+        entry = dict(zip(SETTINGS, settings, strict=True), kind=kind, against=against)
+        entry["seeds"] = [seed for seed, _, _ in pairs]
+        for figure in END_FIGURES:
+            diffs = [100 * (end_figures(r)[figure] - end_figures(o)[figure]) for _, r, o in pairs]
+            entry[f"{figure}_points"], entry[f"{figure}_points_se"] = mean_and_se(diffs)
+        out.append(entry)
+    return out
+
+
+def _pm(mean: float, se: float | None, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:
+    """'mean ± se' at `scale` (or the mean alone without an SE)."""
+    text = f"{scale * mean:{sign}.{digits}f}"
+    return text + (f" ± {scale * se:.{digits}f}" if se is not None else "")
+
+
+SETTING_COLUMNS = ("task", "system", "workers", "steps/run", "accumulate", "batch x")  # of SETTINGS
+
+
+def _markdown(header: list[str], body: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(cell) for cell in cells) + " |" for cells in body])
+
+
+def seeds_table(rows: list[dict]) -> str:
+    """A Markdown table: per system and settings, seeds and each end figure's mean ± SE, in %."""
+    body = [
+        [*(e[k] for k in SETTINGS), len(e["seeds"]), _pm(e["final"], e["final_se"], 100)]
+        + [_pm(e["last3"], e["last3_se"], 100)]
+        for e in over_seeds(rows)
+    ]
+    return _markdown([*SETTING_COLUMNS, "seeds", "final held-out acc. %", "mean of last 3 %"], body)
+
+
+def paired_table(rows: list[dict]) -> str:
+    """A Markdown table of `paired_differences`: points, mean ± SE over seeds."""
+    body = [
+        [e["task"], e["system"], e["against"], *(e[k] for k in SETTINGS[2:]), len(e["seeds"])]
+        + [_pm(e["final_points"], e["final_points_se"], sign="+")]
+        + [_pm(e["last3_points"], e["last3_points_se"], sign="+")]
+        for e in paired_differences(rows)
+    ]
+    header = ["task", "system", "against", *SETTING_COLUMNS[2:], "seeds"]
+    return _markdown(header + ["final (points)", "mean of last 3 (points)"], body)
+
+
 def plot(rows: list[dict], path: str) -> str | None:
-    """Held-out accuracy against seconds since the first step, per system; None without matplotlib."""
+    """Held-out accuracy against seconds since the first step, per system; None without matplotlib.
+
+    Another seed's run of the same system and settings is drawn fainter, under the first one's label.
+    """
     try:
         import matplotlib
 
@@ -647,17 +804,21 @@ def plot(rows: list[dict], path: str) -> str | None:
     workers = {r["workers"] for r in rows}
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
+        labelled = set()
         for r in rows:
             if r["task"] == task and r["curve"]:
                 secs, _, acc = zip(*r["curve"], strict=True)
+                label = f"{r['system']} ({r['workers']}{_settings(r)})"
                 ax.plot(
                     secs,
                     acc,
                     marker=".",
                     color=colours(list(SYSTEMS).index(r["system"]) % 20),
                     linestyle=styles[sorted(workers).index(r["workers"]) % len(styles)],
-                    label=f"{r['system']} ({r['workers']}{_settings(r)})",
+                    alpha=0.35 if label in labelled else 1.0,
+                    label=None if label in labelled else label,
                 )
+                labelled.add(label)
         ax.axhline(
             next(r["target"] for r in rows if r["task"] == task), color="grey", linestyle="--", linewidth=0.8
         )

@@ -13,8 +13,15 @@ accuracy and its difference from one process's), writes the JSON report
 digits (scikit-learn's, the `accuracy` extra), teacher (CIFAR-shaped, labels
 from a fixed teacher). `python bin/accuracy.py ...` is the same from a checkout.
 Exits non-zero if a run failed or did not train.
+
+--seeds=0,1,2 repeats every run per seed (initial weights and shuffles; the
+held-out split stays) and adds two tables: each system's end figures (the
+last evaluation, the mean of the last 3) as mean ± standard error over seeds,
+and each 16-bit system's seed-paired difference from its float32 twin (and
+accumulation's from one step of the same global batch, --batch_scale).
 """
 
+import itertools
 import json
 import os
 import time
@@ -43,6 +50,20 @@ flags.DEFINE_list(
     "Micro-batches per update of disttrain's systems (RunSettings.accumulate_steps; the rate scales "
     "with the global batch as for sync systems); each value is a run of every disttrain system.",
 )
+flags.DEFINE_list(
+    "batch_scale",
+    ["1"],
+    "The task's per-replica batch times this, for disttrain's systems (the rate scales as for "
+    "accumulation): --accumulate_steps=2 beside --batch_scale=2 compares accumulation with the same "
+    "global batch in one step. Each value is a run of every disttrain system.",
+)
+flags.DEFINE_list(
+    "seeds",
+    ["0"],
+    "Seeds of the initial weights and input shuffles (the held-out split stays); each seed repeats "
+    "every run. With several, the report adds each system's mean and standard error over seeds and "
+    "16-bit systems' seed-paired differences from float32.",
+)
 flags.DEFINE_integer("examples", None, "Training examples per run (default: the task's budget).")
 flags.DEFINE_integer(
     "eval_every_steps", None, "Global steps between held-out evaluations (default: the task's)."
@@ -67,58 +88,101 @@ def main(argv):
         if unknown:
             cli.fail(f"--{name}: unknown {unknown}; known: {', '.join(sorted(known))}")
     workers = _counts("workers", FLAGS.workers)
-    per_run, accumulate = (
+    per_run, accumulate, scale = (
         _counts("steps_per_run", FLAGS.steps_per_run),
         _counts("accumulate_steps", FLAGS.accumulate_steps),
+        _counts("batch_scale", FLAGS.batch_scale),
     )
+    seeds = _counts("seeds", FLAGS.seeds, minimum=0)
     logdir = FLAGS.logdir or os.path.join("/tmp/disttrain_accuracy", time.strftime("%Y%m%d-%H%M%S"))
     rows = []
-    for task in FLAGS.tasks:
-        for system in FLAGS.systems:
-            peer = accuracy.SYSTEMS[system].peer is not None
-            settings = [(per_run[0], 1)] if peer else [(s, a) for a in accumulate for s in per_run]
-            for n in [1] if system == "one_process" else workers:
-                for steps_per_run, accumulate_steps in settings:
-                    named = (
-                        "" if peer else f", {steps_per_run} step(s) per run, {accumulate_steps} accumulated"
-                    )
-                    print(f"{task}: {system}, {n} worker(s){named} ...", flush=True)
-                    row = accuracy.run_system(
-                        task,
-                        system,
-                        n,
-                        examples=FLAGS.examples,
-                        eval_every_steps=FLAGS.eval_every_steps,
-                        target=FLAGS.target,
-                        logdir=os.path.join(
-                            logdir, task, f"{system}_{n}_s{steps_per_run}_a{accumulate_steps}"
-                        ),
-                        timeout=FLAGS.run_timeout,
-                        steps_per_run=steps_per_run,
-                        accumulate_steps=accumulate_steps,
-                    )
-                    rows.append(row)
-                    print("  " + accuracy.one_line(row), flush=True)
+    for seed in seeds:  # outermost: a stopped run still has whole seeds of every system
+        for task in FLAGS.tasks:
+            for system in FLAGS.systems:
+                peer = accuracy.SYSTEMS[system].peer is not None
+                settings = (
+                    [(per_run[0], 1, 1)] if peer else list(itertools.product(per_run, accumulate, scale))
+                )
+                for n in [1] if system == "one_process" else workers:
+                    for steps_per_run, accumulate_steps, batch_scale in settings:
+                        rows.append(
+                            _run(
+                                task,
+                                system,
+                                n,
+                                seed,
+                                steps_per_run,
+                                accumulate_steps,
+                                batch_scale,
+                                peer,
+                                logdir,
+                            )
+                        )
+                        _write(rows, logdir, plot=False)
     print()
     print(accuracy.table(rows))
-    if FLAGS.out:
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump({"logdir": logdir, "rows": rows}, f, indent=1)
-        print(f"report: {FLAGS.out}")
-        png = accuracy.plot(rows, os.path.splitext(FLAGS.out)[0] + ".png")
-        print(f"plot: {png}" if png else "plot: none (matplotlib missing: install the bench extra)")
+    if len(seeds) > 1:
+        print()
+        print(accuracy.seeds_table(rows))
+        print()
+        print(accuracy.paired_table(rows))
+    _write(rows, logdir, plot=True)
     return 1 if any("failed" in r for r in rows) else 0
 
 
-def _counts(name: str, values: list[str]) -> list[int]:
-    """The integers >= 1 of a list flag; one line and exit 2 otherwise."""
+def _run(task, system, n, seed, steps_per_run, accumulate_steps, batch_scale, peer, logdir) -> dict:
+    """One run's row, announced before and summed up after on the console."""
+    named = "" if peer else f", {steps_per_run} step(s) per run, {accumulate_steps} accumulated"
+    named += f", batch x{batch_scale}" if batch_scale != 1 else ""
+    print(f"{task}: {system}, {n} worker(s){named}, seed {seed} ...", flush=True)
+    name = f"{system}_{n}_s{steps_per_run}_a{accumulate_steps}" + (
+        f"_b{batch_scale}" if batch_scale != 1 else ""
+    )
+    row = accuracy.run_system(
+        task,
+        system,
+        n,
+        examples=FLAGS.examples,
+        eval_every_steps=FLAGS.eval_every_steps,
+        target=FLAGS.target,
+        logdir=os.path.join(logdir, task, f"{name}_seed{seed}"),
+        timeout=FLAGS.run_timeout,
+        steps_per_run=steps_per_run,
+        accumulate_steps=accumulate_steps,
+        seed=seed,
+        batch_scale=batch_scale,
+    )
+    print("  " + accuracy.one_line(row), flush=True)
+    return row
+
+
+def _write(rows: list[dict], logdir: str, plot: bool) -> None:
+    """The JSON report so far (after each run: a stopped tool keeps its finished runs); then the plot."""
+    if not FLAGS.out:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+    report = {"logdir": logdir, "rows": rows}
+    if len({r.get("seed", 0) for r in rows}) > 1:
+        report.update(seeds=accuracy.over_seeds(rows), paired=accuracy.paired_differences(rows))
+    with open(FLAGS.out, "w") as f:
+        json.dump(report, f, indent=1)
+    if plot:
+        print(f"report: {FLAGS.out}")
+        png = accuracy.plot(rows, os.path.splitext(FLAGS.out)[0] + ".png")
+        print(f"plot: {png}" if png else "plot: none (matplotlib missing: install the bench extra)")
+
+
+def _counts(name: str, values: list[str], minimum: int = 1) -> list[int]:
+    """The integers >= `minimum` of a list flag, each once, in order; one line and exit 2 otherwise."""
     try:
         counts = [int(v) for v in values]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1:
-        cli.fail(f"--{name}={','.join(values)}: expected integers >= 1, e.g. --{name}=2,4")
+    if not counts or min(counts) < minimum or len(set(counts)) < len(counts):
+        example = "0,1,2" if minimum == 0 else "2,4"
+        cli.fail(
+            f"--{name}={','.join(values)}: expected distinct integers >= {minimum}, e.g. --{name}={example}"
+        )
     return counts
 
 

@@ -38,11 +38,11 @@ def train_dataset(spec: dict, data: dict, pipeline, pipelines: int) -> tf.data.D
     """One input pipeline's batches, as the tool's `loss_fn` builds them for disttrain.
 
     Every `pipelines`-th training example from `pipeline`, shuffled over the
-    whole set with seed `pipeline` (under global seed 0, as the tool's),
+    whole set with seed `pipeline` (under the global seed the tool passes),
     repeated, in batches of the per-replica batch size. `pipeline` may be an
     int64 tensor (PSS: the worker's index, known on the worker only): then the
-    seed is 0 for every pipeline (TF's seeding cannot take a tensor under
-    global seed 0), each shuffling its own examples.
+    seed is 0 for every pipeline (TF's seeding cannot take a tensor under a
+    global seed), each shuffling its own examples.
     """
     x, y = data["train_x"], data["train_y"]
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shard(pipelines, pipeline)

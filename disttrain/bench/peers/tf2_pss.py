@@ -162,7 +162,7 @@ def coordinate_accuracy(spec: dict, cluster: dict) -> None:
     (`coordinator.join()`), so the evaluation sees the variables at exactly
     its global step and no worker trains on the excluded time.
     """
-    tf.random.set_seed(0)  # the same initial weights and shuffles every run
+    tf.random.set_seed(spec["heldout"].get("seed", 0))  # the initial weights and shuffles: the tool's seed
     strategy, coordinator, model, step, optimizer = build(spec, cluster)
     data = heldout.load_task(spec)
     num_workers = len(cluster[common.WORKER])
