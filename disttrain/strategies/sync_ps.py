@@ -523,6 +523,8 @@ class _Aggregator(v1.train.SessionRunHook):
                     waiting.clear()
         except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
             if not (coord.should_stop() or self._closing):
+                # Said here too: the coordinator re-raises it only once the chief's step returns.
+                log.warning("sync aggregator stopped: %s: %s", type(e).__name__, str(e).splitlines()[0])
                 coord.request_stop(e)
         finally:
             # Not the end of training: every replica waiting at its token (counted or not yet) is
