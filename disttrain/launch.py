@@ -364,9 +364,10 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
     def on_reconnect(tf_texts: list[str]):
         lost = servers.probe_lost(cluster, others, tf_texts)
         if not strategy.recovers_in_process:
+            # Worded as errors_to_exit words a lost peer: which path TF's error takes is timing.
             raise TransientError(
-                f"{cluster.task_name} lost its session: {lost}; {type(strategy).__name__} "
-                "cannot recover in-process: exiting to restart from the last checkpoint"
+                f"lost contact: {lost}; {type(strategy).__name__} cannot recover in-process: "
+                "exiting to restart from the last checkpoint"
             )
         log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
         servers.wait_for_peers(others, settings.peer_wait_secs, say_every_secs=settings.wait_log_secs)
