@@ -24,7 +24,7 @@ from collections.abc import Callable
 from disttrain.plan import advice, cloud_tcp, cost, interval, ring_runs, transports
 
 CALIBRATION, HELD_OUT, CLOUD_TCP = "calibration", "held-out", "held-out, cloud TCP"
-RING = "held-out, third set (NCCL rings)"
+RING = "held-out, NCCL rings"
 HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP, RING)
 
 # The transports and host buses, with their sources and spreads, live in `transports`; these names stay.

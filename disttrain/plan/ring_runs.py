@@ -29,35 +29,25 @@ from __future__ import annotations
 
 import dataclasses
 
+from disttrain.plan import cloud_tcp
+
 NCCL_TCP, NCCL_RDMA = "nccl_tcp", "nccl_rdma"
 HOROVOD_FUSION_MIB = 64  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD, 64 MB)
 DDP_BUCKET_MIB = 25  # DistributedDataParallel's default bucket_cap_mb
 
 
 @dataclasses.dataclass(frozen=True)
-class RingRun:
-    """One published run: N hosts of the same kind, its rate, and one host's rate it scales against.
+class RingRun(cloud_tcp.ScaledRun):
+    """A run of this set: N hosts of the same kind, joined by a link of `link_gbit`, over `transport`.
 
     images_per_sec and one_host_images_per_sec are whole-cluster rates (a
     source that gives a rate per GPU is multiplied by its GPUs here).
     """
 
-    source: str
-    model: str  # as the zoo names it in published.py
-    gin_files: tuple[str, ...]
-    batch_size: int  # per GPU
-    hosts: int
-    images_per_sec: float
-    one_host_images_per_sec: float
     gpus_per_host: int
     link_gbit: float
     transport: str  # NCCL_TCP or NCCL_RDMA
     bucket_mib: float  # Horovod's fusion buffer or DDP's bucket_cap_mb
-
-    @property
-    def scaling(self) -> float:
-        """The published scaling against one host: rate / (hosts x one host's rate)."""
-        return self.images_per_sec / (self.hosts * self.one_host_images_per_sec)
 
 
 DLPERF = (
