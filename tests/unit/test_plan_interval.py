@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from disttrain.errors import ConfigError
-from disttrain.plan import advice, cloud_tcp, cost, interval, links, published, transports
+from disttrain.plan import advice, cloud_tcp, cost, interval, links, published, ring_runs, transports
 from tests import REPO
 
 MB = 1e6
@@ -159,6 +159,27 @@ def test_cloud_tcp_runs_scale_against_one_host_as_published():
     )
     assert r.predicted[1] == pytest.approx(r.interval.middle.efficiency / one.middle.efficiency)
     assert r.predicted[0] <= r.predicted[1] <= r.predicted[2]
+
+
+def test_the_third_set_is_published_rings_scaled_against_one_host():
+    runs = ring_runs.RUNS
+    assert len(runs) >= 8 and all(run.source in ring_runs.NOTES for run in runs)
+    assert all(run.hosts >= 2 and run.images_per_sec > 0 and run.one_host_images_per_sec > 0 for run in runs)
+    assert {run.transport for run in runs} <= {ring_runs.NCCL_TCP, ring_runs.NCCL_RDMA}
+    # Sources no other set uses.
+    others = {c.source for c in published.CASES if c.split != published.RING}
+    assert not {run.source for run in runs} & others
+    # The DDP benchmark prints ex/sec per GPU: stored as the cluster's rate, 2 hosts x 8 GPUs x 306/s.
+    ddp = [r for r in runs if r.source == ring_runs.PYTORCH_DDP_BENCH and r.bucket_mib == 25]
+    r50 = next(r for r in ddp if r.model == "ResNet-50")
+    assert (r50.images_per_sec, r50.one_host_images_per_sec) == (2 * 8 * 306.0, 8 * 307.0)
+    assert r50.scaling == pytest.approx(306 / 307)
+    # As cases: the source's transport and buckets, one GPU's step from one host's rate, scaled vs one host.
+    case = next(c for c in published.RING_CASES if c.source == ring_runs.HOROVOD_2581)
+    assert case.transport == "nccl_tcp" and case.strategy.bucket_bytes == 64 * 2**20
+    assert case.one_gpu_images_per_sec == pytest.approx(1531.9 / 8)
+    assert case.published_efficiency == pytest.approx(546.9 / (2 * 1531.9))
+    assert case.shape["host_bus"] == transports.NVLINK and not case.shape["towers"]
 
 
 def test_coverage_is_counted_from_the_rows():
