@@ -12,8 +12,9 @@ constants over the environments found; `interval` predicts at both ends of
 it; `links` reads a link file of one's own measured links; `models` reads a
 gin experiment's model (TensorFlow, scratch graph); `advice` ranks changes;
 `measured` sets predictions against benchmark reports; `published` against
-published runs (`cloud_tcp` holds the second held-out set, `calibrate` fits
-the calibration sources' points); `report` prints and writes JSON.
+published runs (`cloud_tcp` and `ring_runs` hold the second and third
+held-out sets, `calibrate` fits the calibration sources' points); `report`
+prints and writes JSON.
 """
 
 from disttrain.plan.cost import Constants, Model, PlanError, Prediction, Shape, Strategy, predict

@@ -1,4 +1,4 @@
-"""The spread the calibration set's own environments give each transport constant.
+"""The spread the calibration set's own environments give each transport constant (and the PS ceiling).
 
 Each calibration source ran in one environment. For a constant of a
 transport, the value that environment implies is the one at which that
@@ -26,6 +26,8 @@ _SEARCH = {
     transports.LINK_SHARE: (0.05, 1.0),
     transports.PER_MESSAGE: (1e-7, 1e-2),
     transports.CPU_PER_BYTE: (0.05e-9, 20e-9),
+    # The PS process's ceiling: up to 32 cores, a p2.8xlarge's vCPUs (the smallest calibration host).
+    transports.PS_CORES: (0.1, 32.0),
 }
 _MOVES = 0.01
 # A source implies a value only where its rows' median error comes this close to zero.
@@ -50,10 +52,15 @@ def _transport(case: published.Case) -> cost.Transport:
 
 def _efficiency(result: published.Result, field: str, value: float) -> float:
     case = result.case
-    transport = dataclasses.replace(_transport(case), **{field: value})
+    constants = cost.DEFAULTS
+    if field == transports.PS_CORES:
+        transport = _transport(case)
+        constants = dataclasses.replace(constants, ps_cores=value)
+    else:
+        transport = dataclasses.replace(_transport(case), **{field: value})
     strategy = dataclasses.replace(case.strategy, transport=transport)
     shape = cost.Shape(hosts=case.hosts, ps=case.ps, **case.shape)
-    return cost.predict(result.model, shape, strategy).efficiency
+    return cost.predict(result.model, shape, strategy, constants).efficiency
 
 
 def _median_error(rows: Sequence[published.Result], field: str, value: float) -> float:

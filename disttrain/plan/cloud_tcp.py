@@ -70,8 +70,8 @@ NOTES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class CloudRun:
-    """One published run: N hosts of the same instance, its rate, and one host's rate it scales against."""
+class ScaledRun:
+    """One published run on N hosts, its rate, and one host's rate it scales against (whole-cluster rates)."""
 
     source: str
     model: str  # as the zoo names it in published.py
@@ -80,14 +80,20 @@ class CloudRun:
     hosts: int
     images_per_sec: float
     one_host_images_per_sec: float
-    gpus_per_host: int = 8
-    link_gbit: float = 25.0
-    instance: str = P3_16XLARGE
 
     @property
     def scaling(self) -> float:
         """The published scaling against one host: rate / (hosts x one host's rate)."""
         return self.images_per_sec / (self.hosts * self.one_host_images_per_sec)
+
+
+@dataclasses.dataclass(frozen=True)
+class CloudRun(ScaledRun):
+    """A run of this set: N hosts of the same instance."""
+
+    gpus_per_host: int = 8
+    link_gbit: float = 25.0
+    instance: str = P3_16XLARGE
 
 
 _RESNET50 = ("resnet50_sync.gin",)

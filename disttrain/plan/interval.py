@@ -8,8 +8,10 @@ moves the efficiency most: what drives the width. The ends are the
 environments found, not a statistical interval: a cluster whose links fall
 outside them can land outside too (measure the links: `plan.links`).
 
-What it does not spread: the shape's own inputs (link rate, latency, one
-GPU's step), the host bus, and `Constants.ps_cores`.
+`Constants.ps_cores`, the PS process's ceiling, is spread beside gRPC's
+constants (`transports.PS_CORES`): it moves only layouts with a PS. What it
+does not spread: the shape's own inputs (link rate, latency, one GPU's
+step), the host bus, and the strategy's own settings (bucket size, placement).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ _LABELS = {
     transports.LINK_SHARE: "link share",
     transports.PER_MESSAGE: "cost per message or hop",
     transports.CPU_PER_BYTE: "CPU per MB",
+    transports.PS_CORES: "PS process ceiling",
 }
 
 
@@ -33,6 +36,8 @@ def _value(field: str, value: float) -> str:
         return f"{value:.2f}"
     if field == transports.CPU_PER_BYTE:
         return f"{value * 1e9:.2f} ms"  # seconds per byte -> ms per MB
+    if field == transports.PS_CORES:
+        return f"{value:.2f} cores"
     return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.2f} ms"
 
 
@@ -101,19 +106,23 @@ def predict(
     spread = spread_of(strategy, spreads)
     if spread is None:
         return Interval(middle, middle, middle, "")
-    # The ends are the spread's; the middle stays the strategy's own (or, for gRPC, the constants').
-    spread = dataclasses.replace(spread, transport=strategy.transport or _grpc(constants))
+    # The ends are the spread's; the middle stays the strategy's own (or, for gRPC, the constants'), and
+    # the PS ceiling's middle the constants'.
+    spread = dataclasses.replace(
+        spread, transport=strategy.transport or _grpc(constants), ps_cores=constants.ps_cores
+    )
 
-    def run(transport: cost.Transport) -> cost.Prediction:
-        return cost.predict(model, shape, _with(strategy, transport), constants)
+    def run(end: str, fields=transports.FIELDS) -> cost.Prediction:
+        moved = _with(strategy, spread.at(end, fields))
+        return cost.predict(model, shape, moved, spread.constants_at(end, constants, fields))
 
-    worst = run(spread.at(transports.PESSIMISTIC))
-    best = run(spread.at(transports.OPTIMISTIC))
+    worst = run(transports.PESSIMISTIC)
+    best = run(transports.OPTIMISTIC)
     widths = {}
     for field in transports.FIELDS:
         if spread.spreads(field):
-            one_best = run(spread.at(transports.OPTIMISTIC, (field,)))
-            one_worst = run(spread.at(transports.PESSIMISTIC, (field,)))
+            one_best = run(transports.OPTIMISTIC, (field,))
+            one_worst = run(transports.PESSIMISTIC, (field,))
             widths[field] = one_best.efficiency - one_worst.efficiency
     moving = {f: w for f, w in widths.items() if w >= NEGLIGIBLE}
     driver = describe(spread, max(moving, key=moving.get)) if moving else ""

@@ -84,6 +84,8 @@ class LinkFile:
                     transports.LINK_SHARE: self._points("gRPC share", self.grpc_share),
                     transports.PER_MESSAGE: self._points("gRPC CPU per message", self.grpc_per_message_s),
                     transports.CPU_PER_BYTE: self._points("gRPC CPU per byte", self.grpc_cpu_s_per_byte),
+                    # The probe does not load one PS with many workers: its ceiling stays the published one.
+                    transports.PS_CORES: transports.GRPC_SPREAD.points[transports.PS_CORES],
                 },
             ),
             tcp.name: transports.Spread(

@@ -4,10 +4,11 @@ micro-benchmarks the planner's transports and host buses come from.
 Every input is stated here with where it came from. The models are the model
 zoo's, built from the shipped gin files at the published batch size; one
 GPU's step time is the published single-GPU rate at that batch. Runs are
-split in three: the calibration set (the only rows any constant was chosen
+split in four: the calibration set (the only rows any constant was chosen
 or checked against; `Constants.ps_cores` is calibrated on the seed's
-one-host rows), the held-out set, and a second held-out set of runs on
-cloud TCP (`cloud_tcp`, scaled against one host as published); no held-out
+one-host rows), the held-out set, a second held-out set of runs on cloud
+TCP (`cloud_tcp`) and a third of NCCL rings over TCP or RDMA (`ring_runs`),
+both scaled against one host as published; no held-out
 row was used to choose anything: its errors and coverage are computed, not
 fitted. Every row is predicted as an interval (`plan.interval`) from the
 spread of its transport's published environments (`plan.transports`),
@@ -20,10 +21,11 @@ import dataclasses
 import statistics
 from collections.abc import Callable
 
-from disttrain.plan import advice, cloud_tcp, cost, interval, transports
+from disttrain.plan import advice, cloud_tcp, cost, interval, ring_runs, transports
 
 CALIBRATION, HELD_OUT, CLOUD_TCP = "calibration", "held-out", "held-out, cloud TCP"
-HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP)
+RING = "held-out, NCCL rings"
+HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP, RING)
 
 # The transports and host buses, with their sources and spreads, live in `transports`; these names stay.
 GRPC, NCCL_TCP, NCCL_RDMA = transports.GRPC, transports.NCCL_TCP, transports.NCCL_RDMA
@@ -316,14 +318,13 @@ HELD_OUT_CASES: tuple[Case, ...] = (
 )
 
 
-def _cloud(run: cloud_tcp.CloudRun) -> Case:
-    """A run of `cloud_tcp`: Horovod's NCCL ring over TCP, one process per GPU, GPUs joined by NVLink.
+def _vs_one_host(run, strategy: cost.Strategy, split: str, note: str) -> Case:
+    """A run scaled against one host: an NCCL ring, one process per GPU, GPUs joined by NVLink.
 
     One GPU's step is the one-host rate over its GPUs (the host's own
     all-reduce over NVLink taken as free); scaling is against one host.
     """
     shape = dict(gpus_per_host=run.gpus_per_host, towers=False, link_gbit=run.link_gbit, host_bus=NVLINK)
-    strategy = dataclasses.replace(_HOROVOD, transport=NCCL_TCP)
     one_gpu = run.one_host_images_per_sec / run.gpus_per_host
     return Case(
         run.source,
@@ -336,14 +337,28 @@ def _cloud(run: cloud_tcp.CloudRun) -> Case:
         0,
         shape,
         strategy,
-        CLOUD_TCP,
-        cloud_tcp.NOTES[run.source],
+        split,
+        note,
         one_host_images_per_sec=run.one_host_images_per_sec,
     )
 
 
+def _cloud(run: cloud_tcp.CloudRun) -> Case:
+    """A run of `cloud_tcp`: Horovod's NCCL ring over TCP."""
+    strategy = dataclasses.replace(_HOROVOD, transport=NCCL_TCP)
+    return _vs_one_host(run, strategy, CLOUD_TCP, cloud_tcp.NOTES[run.source])
+
+
+def _ring(run: ring_runs.RingRun) -> Case:
+    """A run of `ring_runs`: NCCL's ring over its transport, in the source's buckets (Horovod's or DDP's)."""
+    bucket = int(run.bucket_mib * 2**20)
+    strategy = cost.Strategy(cost.ALLREDUCE, bucket_bytes=bucket, transport=TRANSPORTS[run.transport])
+    return _vs_one_host(run, strategy, RING, ring_runs.NOTES[run.source])
+
+
 CLOUD_TCP_CASES = tuple(_cloud(run) for run in cloud_tcp.RUNS)
-CASES = CALIBRATION_CASES + HELD_OUT_CASES + CLOUD_TCP_CASES
+RING_CASES = tuple(_ring(run) for run in ring_runs.RUNS)
+CASES = CALIBRATION_CASES + HELD_OUT_CASES + CLOUD_TCP_CASES + RING_CASES
 
 
 @dataclasses.dataclass(frozen=True)

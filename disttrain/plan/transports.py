@@ -6,8 +6,10 @@ each published or measured environment, with its source, so that a
 prediction can say how far it moves between the least and the most
 favourable of them (`plan.interval`). The points are micro-benchmarks
 (nccl-tests, iperf-like probes), vendor figures, the measurements of this
-project's own emulated hosts, and, marked `fitted`, the value each
-calibration source's rows imply (`plan.calibrate`); no held-out run.
+project's own emulated hosts, published gRPC rates of one PS process (for
+`Constants.ps_cores`, the PS's ceiling, spread beside gRPC's constants), and,
+marked `fitted`, the value each calibration source's rows imply
+(`plan.calibrate`); no held-out run.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import dataclasses
 from disttrain.plan import cost
 
 LINK_SHARE, PER_MESSAGE, CPU_PER_BYTE = "link_share", "per_message_s", "cpu_s_per_byte"
-FIELDS = (LINK_SHARE, PER_MESSAGE, CPU_PER_BYTE)
-# A larger link share is better; a larger cost per message or per byte is worse.
-_HIGHER_IS_BETTER = {LINK_SHARE: True, PER_MESSAGE: False, CPU_PER_BYTE: False}
+TRANSPORT_FIELDS = (LINK_SHARE, PER_MESSAGE, CPU_PER_BYTE)
+# `Constants.ps_cores`, the PS process's ceiling on its gRPC work: spread beside gRPC's own constants.
+PS_CORES = "ps_cores"
+FIELDS = (*TRANSPORT_FIELDS, PS_CORES)
+# A larger link share or PS ceiling is better; a larger cost per message or per byte is worse.
+_HIGHER_IS_BETTER = {LINK_SHARE: True, PER_MESSAGE: False, CPU_PER_BYTE: False, PS_CORES: True}
 PESSIMISTIC, OPTIMISTIC = "pessimistic", "optimistic"
 
 
@@ -54,15 +59,24 @@ class Spread:
 
     A constant with no points has no spread: its middle value holds at
     both ends. The ends include the middle: a range always contains the
-    value the middle prediction uses.
+    value the middle prediction uses. `ps_cores` is the middle of
+    `Constants.ps_cores` (None: no PS ceiling, so nothing to spread); its
+    points (`PS_CORES`) move only layouts with a PS.
     """
 
     transport: cost.Transport
     points: dict[str, tuple[Point, ...]]
+    ps_cores: float | None = cost.DEFAULTS.ps_cores
+
+    def _middle(self, field: str) -> float | None:
+        return self.ps_cores if field == PS_CORES else getattr(self.transport, field)
 
     def bounds(self, field: str) -> tuple[float, float]:
         """(pessimistic, optimistic) value of `field`, the middle included."""
-        values = [getattr(self.transport, field), *(p.value for p in self.points.get(field, ()))]
+        middle = self._middle(field)
+        if middle is None:
+            return middle, middle
+        values = [middle, *(p.value for p in self.points.get(field, ()))]
         worst, best = (min, max) if _HIGHER_IS_BETTER[field] else (max, min)
         return worst(values), best(values)
 
@@ -73,7 +87,14 @@ class Spread:
     def at(self, end: str, fields=FIELDS) -> cost.Transport:
         """The transport with `fields` at `end` (PESSIMISTIC or OPTIMISTIC), the others at the middle."""
         which = 0 if end == PESSIMISTIC else 1
-        return dataclasses.replace(self.transport, **{f: self.bounds(f)[which] for f in fields})
+        moved = [f for f in fields if f in TRANSPORT_FIELDS]
+        return dataclasses.replace(self.transport, **{f: self.bounds(f)[which] for f in moved})
+
+    def constants_at(self, end: str, constants: cost.Constants, fields=FIELDS) -> cost.Constants:
+        """`constants` with `ps_cores` at `end` if `fields` name it (and it has a middle), else as is."""
+        if PS_CORES not in fields or self.ps_cores is None:
+            return constants
+        return dataclasses.replace(constants, ps_cores=self.bounds(PS_CORES)[0 if end == PESSIMISTIC else 1])
 
 
 NCCL_2_4_TUNING = (
@@ -91,6 +112,65 @@ GRPC = cost.Transport(
     per_message_s=cost.DEFAULTS.per_message_s,
     cpu_s_per_byte=cost.DEFAULTS.rpc_cpu_s_per_byte,
 )
+# The PS process's ceiling (`Constants.ps_cores`; middle 1.4, from the seed's one-host rows). The rule for
+# its points, written before any was taken: every published figure found of TF's gRPC moving tensors
+# to or from a PS process (or a worker serving a variable, the same server code) whose source shows
+# TF's gRPC, not the link, as the limit (processes on one machine, or machines whose link another
+# transport filled faster), and none from a held-out source. A rate R at the serving end is the cores'
+# worth the middle's CPU per MB needs for it: R x 1.4 ms/MB. A client's fetch (tensorflow#6256) is not
+# a PS's end and is left out; so are runs several PS processes shared one machine in.
+
+
+def _ps_rate(mb_per_s: float, source: str) -> Point:
+    """A PS process's published gRPC rate as `ps_cores`: the cores the middle's CPU per MB needs for it."""
+    return Point(mb_per_s * 1e6 * GRPC.cpu_s_per_byte, source + f" ({mb_per_s:g} MB/s x 1.4 ms/MB)")
+
+
+PS_CORES_POINTS = (
+    _ps_rate(
+        161.63,
+        "github.com/tensorflow/tensorflow/issues/4498 (yaroslavvb, 2016-09-21, TF 0.10): two local "
+        "processes adding 10 MB vectors to a variable in the other, 'Distributed rate: 161.63 MB per second'",
+    ),
+    _ps_rate(
+        900.0,
+        "github.com/tensorflow/tensorflow/issues/6116 (yaroslavvb, 2016-12-09), Xeon E5-2630 v3: "
+        "'the non-fetching is just slow (0.9 GB/sec grpc vs 20.2 GB/sec in-process)'",
+    ),
+    _ps_rate(
+        550.0,
+        "gist.github.com/yaroslavvb/ea1b1bae0a75c4aae593df7eca72d9ca, sharded_ps_benchmark.py (linked "
+        "from tensorflow#6116): independent workers adding to variables on one PS, "
+        "'xeon: ps=1: 0.5-0.6 GB/s'",
+    ),
+    _ps_rate(
+        196.11,
+        "github.com/tensorflow/tensorflow/pull/11261 (byronyi, 2017-07-04), local recv_tensor benchmark on "
+        "master: 'Distributed rate: 196.11 MB/s'",
+    ),
+    _ps_rate(
+        150.0,
+        "github.com/tensorflow/tensorflow/issues/6116 (byronyi, 2017-08-09), the local benchmark before "
+        "TF's gRPC upgrade: 'improved from 100-200 MB/s' (a quoted range: its middle, as for 0.5-0.6 GB/s)",
+    ),
+    _ps_rate(
+        800.0,
+        "github.com/tensorflow/tensorflow/issues/6116 (byronyi, 2017-08-09), the local benchmark after "
+        "TF's gRPC upgrade: 'improved from 100-200 MB/s to 800 MB/s'",
+    ),
+    _ps_rate(
+        287.89,
+        "github.com/tensorflow/tensorflow/issues/6116 (suiyuan2009, 2017-08-14), the same benchmark on "
+        "master: 'Distributed rate: 287.89 MB per second'",
+    ),
+    _ps_rate(
+        500.0,
+        "github.com/tensorflow/tensorflow/issues/6116 (suiyuan2009, 2017-08-14), 3 machines: "
+        "'grpc+gdr is about 3400MB/s, grpc is about 500MB/s' (the link "
+        "carried 3.4 GB/s: gRPC was the limit)",
+    ),
+)
+
 GRPC_SPREAD = Spread(
     GRPC,
     {
@@ -113,6 +193,12 @@ GRPC_SPREAD = Spread(
                 "measured here: CIFAR-10's small tensors, 0.56 CPU-s per round where 1.4 "
                 "ms/MB gives 0.36 (the emulated 3-host run of docs/planner.md)",
             ),
+        ),
+        PS_CORES: (
+            *PS_CORES_POINTS,
+            _fitted(1.49, SEED_RUNS + ", its 128-GPU rows"),
+            _fitted(5.95, TF_CNN_RUNS),
+            _fitted(1.25, HOROVOD_16_RUNS + ", TF 1.3's PS"),
         ),
     },
 )

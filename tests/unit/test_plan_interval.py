@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from disttrain.errors import ConfigError
-from disttrain.plan import advice, cloud_tcp, cost, interval, links, published, transports
+from disttrain.plan import advice, cloud_tcp, cost, interval, links, published, ring_runs, transports
 from tests import REPO
 
 MB = 1e6
@@ -82,18 +82,57 @@ def test_grpc_with_no_transport_named_keeps_the_constants_as_its_middle():
     assert iv.low.terms["busiest link"] == pytest.approx(iv.middle.terms["busiest link"] * 0.95 / 0.5)
 
 
+def test_the_ps_ceiling_spreads_only_layouts_with_a_ps():
+    # One PS serving 8 workers a 100 MB model at 1.4 ms/MB: 8 x 2 x 100 MB x 1.4 ms/MB = 2.24 CPU-s per
+    # round, over the ceiling's 1.4 cores (middle), 0.7 (low end) and 2.8 (high end).
+    grpc = Spread(transports.GRPC, {transports.PS_CORES: (Point(0.7, "test"), Point(2.8, "test"))})
+    shape = cost.Shape(hosts=8, ps=1, ps_hosts=cost.DEDICATED, link_gbit=100)
+    sync = cost.Strategy(cost.SYNC_PS)
+    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc})
+    work = 8 * (2 * 1.4e-3 * 100 + 2 * cost.DEFAULTS.per_message_s)
+    ceiling = {end: p.terms["PS CPU"] for end, p in zip("lmh", (iv.low, iv.middle, iv.high), strict=True)}
+    assert ceiling == pytest.approx({"l": work / 0.7, "m": work / 1.4, "h": work / 2.8})
+    assert iv.driver == "grpc PS process ceiling 0.70 cores-2.80 cores"
+    assert iv.middle == cost.predict(model(tensors=1), shape, sync)
+    # No PS ceiling in the constants: nothing to spread. A ring has no PS: the ceiling moves nothing.
+    loose = cost.Constants(ps_cores=None)
+    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc}, loose)
+    assert iv.low.efficiency == iv.middle.efficiency == iv.high.efficiency and iv.driver == ""
+    ring = interval.predict(
+        model(), cost.Shape(hosts=4, link_gbit=10), cost.Strategy(cost.ALLREDUCE), {cost.GRPC: grpc}
+    )
+    assert ring.low.efficiency == ring.middle.efficiency == ring.high.efficiency and ring.driver == ""
+
+
+def test_the_ps_ceiling_points_are_the_published_rates_at_the_middle_cpu_per_mb():
+    # Each published rate R (MB/s at the serving PS) is stored as R x 1.4 ms/MB cores, its quote beside it.
+    stored = transports.GRPC_SPREAD.points[transports.PS_CORES]
+    published_rates = [p for p in stored if not p.fitted]
+    assert len(published_rates) == len(transports.PS_CORES_POINTS) >= 5
+    for p in published_rates:
+        mb_per_s = float(p.source.rsplit("(", 1)[1].split(" MB/s")[0])
+        assert p.value == pytest.approx(mb_per_s * 1.4e-3)
+        assert "github.com" in p.source or "gist.github.com" in p.source
+    assert {p.value for p in stored if p.fitted} == {1.49, 5.95, 1.25}
+    assert transports.GRPC_SPREAD.bounds(transports.PS_CORES) == (pytest.approx(150 * 1.4e-3), 5.95)
+    # A link file does not measure a PS under load: the published ceiling stays its spread.
+    assert links.spreads_with(link_file())[cost.GRPC].points[transports.PS_CORES] == stored
+
+
 def test_advice_ranks_by_the_low_end():
     # The seed's kind of cluster: a worker per GPU, sync PS, round robin. With the published spreads, async
-    # PS with overlap gains most in the middle, but a tower per GPU most at the low end: it comes first.
+    # PS with overlap gains most in the middle, but leaving the PS most at the low end (where the PS
+    # process's ceiling is the slowest published one): all-reduce comes first.
     shape = cost.Shape(hosts=8, gpus_per_host=4, towers=False, ps=8, link_gbit=10, host_bus=transports.PCIE)
     ranked = advice.changes(model(step=1.0), shape, cost.Strategy(cost.SYNC_PS, placement=cost.ROUND_ROBIN))
     assert [c.low_gain for c in ranked] == sorted((c.low_gain for c in ranked), reverse=True)
     by_middle = max(ranked, key=lambda c: c.gain)
     assert by_middle.what == "async PS with overlap instead of sync PS"
-    assert ranked[0].what.startswith("one worker per host with a tower per GPU")
+    assert ranked[0].what == "all-reduce instead of PS"
     assert ranked[0].interval.low.examples_per_sec > by_middle.interval.low.examples_per_sec
     # best_layout follows the low end too, and keeps a synchronous run synchronous.
-    best, steps = advice.best_layout(model(step=1.0), shape, ranked[0].prediction.strategy)
+    first = ranked[0].prediction
+    best, steps = advice.best_layout(model(step=1.0), first.shape, first.strategy)
     assert best.middle.strategy.synchronous and steps
 
 
@@ -120,6 +159,27 @@ def test_cloud_tcp_runs_scale_against_one_host_as_published():
     )
     assert r.predicted[1] == pytest.approx(r.interval.middle.efficiency / one.middle.efficiency)
     assert r.predicted[0] <= r.predicted[1] <= r.predicted[2]
+
+
+def test_the_third_set_is_published_rings_scaled_against_one_host():
+    runs = ring_runs.RUNS
+    assert len(runs) >= 8 and all(run.source in ring_runs.NOTES for run in runs)
+    assert all(run.hosts >= 2 and run.images_per_sec > 0 and run.one_host_images_per_sec > 0 for run in runs)
+    assert {run.transport for run in runs} <= {ring_runs.NCCL_TCP, ring_runs.NCCL_RDMA}
+    # Sources no other set uses.
+    others = {c.source for c in published.CASES if c.split != published.RING}
+    assert not {run.source for run in runs} & others
+    # The DDP benchmark prints ex/sec per GPU: stored as the cluster's rate, 2 hosts x 8 GPUs x 306/s.
+    ddp = [r for r in runs if r.source == ring_runs.PYTORCH_DDP_BENCH and r.bucket_mib == 25]
+    r50 = next(r for r in ddp if r.model == "ResNet-50")
+    assert (r50.images_per_sec, r50.one_host_images_per_sec) == (2 * 8 * 306.0, 8 * 307.0)
+    assert r50.scaling == pytest.approx(306 / 307)
+    # As cases: the source's transport and buckets, one GPU's step from one host's rate, scaled vs one host.
+    case = next(c for c in published.RING_CASES if c.source == ring_runs.HOROVOD_2581)
+    assert case.transport == "nccl_tcp" and case.strategy.bucket_bytes == 64 * 2**20
+    assert case.one_gpu_images_per_sec == pytest.approx(1531.9 / 8)
+    assert case.published_efficiency == pytest.approx(546.9 / (2 * 1531.9))
+    assert case.shape["host_bus"] == transports.NVLINK and not case.shape["towers"]
 
 
 def test_coverage_is_counted_from_the_rows():
