@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# A checkpoint's files as TF's savers name them: <prefix>-<step>.index/.meta/.data-i-of-n, the
+# <prefix>-<step>_temp directory of a save cut short, and the `checkpoint` state file.
+_CHECKPOINT_FILE = re.compile(r"^(checkpoint|.+-\d+(\.index|\.meta|\.data-\d+-of-\d+|_temp))$")
+
+
+def drop_checkpoints(logdir: str) -> int:
+    """Deletes the checkpoints under `logdir` (a finished run's), keeping logs and events; bytes freed.
+
+    For measuring tools whose runs are never resumed: each run's checkpoints
+    (a DLRM run's hold its tables and their slots twice) would otherwise
+    fill the disk over a few invocations.
+    """
+    freed = 0
+    for root, dirs, files in os.walk(logdir, topdown=True):
+        for name in [d for d in dirs if _CHECKPOINT_FILE.match(d)]:
+            path = os.path.join(root, name)
+            freed += sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+            shutil.rmtree(path, ignore_errors=True)
+            dirs.remove(name)
+        for name in files:
+            if _CHECKPOINT_FILE.match(name):
+                path = os.path.join(root, name)
+                with contextlib.suppress(OSError):
+                    freed += os.path.getsize(path)
+                    os.remove(path)
+    return freed
 
 
 def die_with_parent() -> None:

@@ -40,7 +40,7 @@ import disttrain
 from disttrain import run_steps, schedules
 from disttrain.bench import tf2
 from disttrain.bench.peers import tf2_heldout
-from disttrain.local import free_port, task_env
+from disttrain.local import drop_checkpoints, free_port, task_env
 from disttrain.strategies import TFDefault
 
 v1 = tf.compat.v1
@@ -418,6 +418,7 @@ def run_system(
     accumulate_steps: int = 1,
     seed: int = 0,
     batch_scale: int = 1,
+    keep_checkpoints: bool = False,
 ) -> dict:
     """Train `task` under `system` on a local cluster of real processes; its row of the report.
 
@@ -426,6 +427,9 @@ def run_system(
     `tf.function` of several steps and does not accumulate). seed: the
     initial weights' and shuffles' (the held-out split stays). batch_scale:
     the task's per-replica batch times this (disttrain's systems only).
+    keep_checkpoints: keep the run's checkpoints (by default deleted after
+    it; those of an earlier run in `logdir` are always deleted first, or its
+    chief would resume from them).
     """
     spec = TASKS[task]
     examples = examples or spec.examples
@@ -435,6 +439,7 @@ def run_system(
     for stale in (CLOCK_FILE, HELD_OUT_FILE):  # a rerun in the same directory starts afresh
         if os.path.exists(os.path.join(logdir, stale)):
             os.remove(os.path.join(logdir, stale))
+    drop_checkpoints(logdir)
     if how.peer:
         argv = peer_command(task, system, workers, examples, eval_every_steps, logdir, seed)
         steps_per_run, accumulate_steps, batch_scale = tf2.steps_per_function(eval_every_steps), 1, 1
@@ -447,6 +452,8 @@ def run_system(
         argv = [sys.executable, "-c", code]
     spawned = time.time()
     codes = run_cluster(argv, cluster_of(how, workers), logdir, timeout)
+    if not keep_checkpoints:
+        drop_checkpoints(logdir)
     curve = read_curve(logdir)
     row = summarize(task, system, workers, curve, spawned, codes, spec.target if target is None else target)
     row.update(steps_per_run=steps_per_run, accumulate_steps=accumulate_steps)

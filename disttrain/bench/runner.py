@@ -131,6 +131,7 @@ class BenchConfig:
     quiet_timeout: float = 600.0  # seconds to wait for that at most
     run_timeout: float = 900.0  # seconds per run
     logdir: str = dataclasses.field(default_factory=new_logdir)
+    keep_checkpoints: bool = False  # False: each run's checkpoints are deleted once it is measured
     netns_prefix: str = "dtbench"
 
 
@@ -289,8 +290,7 @@ class Benchmark:
     def _run_reference(self, rep: int) -> dict:
         """One process alone, no cluster: the same model, batch and threads."""
         every_n, batch = self._model["every_n"], self._model["batch"]
-        name = "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
-        logdir = self._fresh(os.path.join(self.config.logdir, name))
+        logdir = self._fresh(os.path.join(self.config.logdir, self._reference_name(rep)))
         log_path = os.path.join(logdir, "logs", "local.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         argv = [*local.TRAIN_COMMAND, f"--logdir={logdir}"]
@@ -322,6 +322,9 @@ class Benchmark:
             "window_seconds": m.window_seconds,
             "logdir": logdir,
         }
+
+    def _reference_name(self, rep: int) -> str:
+        return "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
 
     @staticmethod
     def _fresh(path: str) -> str:
@@ -504,6 +507,13 @@ class Benchmark:
         except RunFailed as e:
             self.log(f"{self._elapsed()} reference FAILED: {e}")
             return {"error": str(e)}
+        finally:
+            self._drop_checkpoints(self._reference_name(rep))
+
+    def _drop_checkpoints(self, name: str) -> None:
+        """A measured run's checkpoints, never read again, deleted (its logs and events stay)."""
+        if not self.config.keep_checkpoints:
+            local.drop_checkpoints(os.path.join(self.config.logdir, name))
 
     def _measure(self, spec: RunSpec, k: int, rep: int) -> dict:
         """One run of `spec`: the Measurement and host roles, or its error or why it was skipped."""
@@ -525,6 +535,8 @@ class Benchmark:
         except (RunFailed, netem.NetemError) as e:
             self.log(f"{self._elapsed()} {where} FAILED: {e}")
             return {"error": str(e), "logdir": logdir}
+        finally:
+            self._drop_checkpoints(name)
         other = other_cores(m)
         rates = list(m.steps_per_sec.values())
         self.log(

@@ -73,6 +73,9 @@ flags.DEFINE_float("run_timeout", 600, "Seconds before a run fails.")
 flags.DEFINE_string(
     "logdir", None, "Every run's logs (default: a new directory under /tmp/disttrain_accuracy)."
 )
+flags.DEFINE_boolean(
+    "keep_checkpoints", False, "Keep each run's checkpoints (by default deleted once it has finished)."
+)
 flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
 FLAGS = flags.FLAGS
 
@@ -151,6 +154,7 @@ def _run(task, system, n, seed, steps_per_run, accumulate_steps, batch_scale, pe
         accumulate_steps=accumulate_steps,
         seed=seed,
         batch_scale=batch_scale,
+        keep_checkpoints=FLAGS.keep_checkpoints,
     )
     print("  " + accuracy.one_line(row), flush=True)
     return row

@@ -54,6 +54,9 @@ flags.DEFINE_string(
     "Where every run's task logs go, emptied run by run (default: a new directory under "
     "/tmp/disttrain_bench per invocation, so that benchmarks running at once keep their logs).",
 )
+flags.DEFINE_boolean(
+    "keep_checkpoints", False, "Keep each run's checkpoints (by default deleted once it is measured)."
+)
 flags.DEFINE_string("out", None, "JSON report path (the plot goes next to it as .png).")
 FLAGS = flags.FLAGS
 
@@ -96,6 +99,7 @@ def main(argv):
         quiet_timeout=FLAGS.quiet_timeout,
         run_timeout=FLAGS.run_timeout,
         logdir=FLAGS.logdir or runner.new_logdir(),
+        keep_checkpoints=FLAGS.keep_checkpoints,
     )
     say = lambda line: print(line, flush=True)
     save = (lambda r: report_lib.write_json(r, out)) if out else None

@@ -12,6 +12,7 @@ import matplotlib  # noqa: F401  (the `bench` extra, which README's test command
 import numpy as np
 import pytest
 import sklearn  # noqa: F401  (the `accuracy` extra, likewise)
+import tensorflow as tf
 
 from disttrain.bench import accuracy
 from tests import REPO
@@ -225,3 +226,24 @@ def test_unknown_system_is_named_with_the_known_ones():
     )
     assert r.returncode != 0
     assert "unknown ['horovod']" in r.stderr and "allreduce" in r.stderr
+
+
+@pytest.mark.cluster
+def test_a_rerun_in_the_same_logdir_trains_afresh_and_leaves_no_checkpoint(tmp_path):
+    """The second run would otherwise resume from the first's final checkpoint and train nothing."""
+    runs = []
+    for keep in (True, False):
+        row = accuracy.run_system(
+            "digits",
+            "one_process",
+            1,
+            str(tmp_path),
+            examples=1600,
+            eval_every_steps=10,
+            keep_checkpoints=keep,
+        )
+        assert "failed" not in row, (row, _logs(tmp_path))
+        runs.append([c["global_step"] for c in accuracy.read_curve(str(tmp_path))])
+        left = tf.compat.v1.train.latest_checkpoint(str(tmp_path))
+        assert (left is not None) == keep, left
+    assert runs[1] == runs[0] and runs[0][-1] >= 49, runs

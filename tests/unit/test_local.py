@@ -137,3 +137,36 @@ def test_ctrl_c_during_wait_stops_every_task_from_a_safe_point(tmp_path):
     time.sleep(1.5)  # every timer has fired
     handler = signal.signal(signal.SIGINT, previous)
     assert handler is stray  # wait() gave SIGINT back to whoever had it
+
+
+def test_drop_checkpoints_deletes_a_savers_files_and_keeps_logs_and_events(tmp_path):
+    """A real saver's files (two steps, sharded), a save cut short, beside the run's logs and events."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    run = tmp_path / "run"
+    run.mkdir()
+    with tf.Graph().as_default():
+        v1.get_variable("w", [256, 64])
+        saver = v1.train.Saver(sharded=True)
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            for step in (0, 7):
+                saver.save(session, str(run / "model.ckpt"), global_step=step)
+            v1.summary.FileWriter(str(run), session.graph).close()
+    (run / "model.ckpt-9_temp").mkdir()
+    (run / "model.ckpt-9_temp" / "part-00000-of-00001.data-00000-of-00001.tempstate1").write_bytes(b"x" * 10)
+    (run / "logs").mkdir()
+    (run / "logs" / "worker_0.log").write_text("step 7\n")
+    (run / "checkpoint_notes.txt").write_text("not a checkpoint")
+    written = sum(f.stat().st_size for f in run.rglob("*") if f.is_file() and "model.ckpt" in str(f))
+    assert v1.train.latest_checkpoint(str(run)) and written > 2 * 256 * 64 * 4
+
+    freed = local.drop_checkpoints(str(run))
+
+    assert v1.train.latest_checkpoint(str(run)) is None
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert not [p for p in left if "model.ckpt" in p or p == "checkpoint"], left
+    assert "logs/worker_0.log" in left and "checkpoint_notes.txt" in left
+    assert any(p.startswith("events.out.tfevents") for p in left), left
+    assert freed >= written
