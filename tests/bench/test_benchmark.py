@@ -108,6 +108,10 @@ def test_localhost_both_systems(tmp_path):
         assert run["busiest_link_bytes_per_step"] is None  # loopback has no per-host counters
         assert run["bound_limited_by"] == "compute"  # unlimited links: the bound is N x one process
         assert run["bound_steps_per_sec"] == pytest.approx(report["reference"]["steps_per_sec"])
+    # Each measured run's checkpoints are deleted (--keep_checkpoints keeps them); its logs stay.
+    logs = tmp_path / "logs"
+    assert not [p.name for p in logs.rglob("*") if p.name == "checkpoint" or ".ckpt-" in p.name]
+    assert len(list(logs.glob("*/logs/*.log"))) >= 3  # the reference's and both runs'
     assert "tf_default" in done.stdout and "summary:" in done.stdout
     assert os.path.getsize(tmp_path / "report.png") > 0
 
