@@ -633,29 +633,31 @@ def table(rows: list[dict]) -> str:
     Each is compared with one process at the same steps per run and
     without accumulation (`reference_row`).
     """
-    lines = [
-        "| task | system | workers | steps/run | accumulate | start-up s | s to target | x one process | "
-        "examples to target | examples/s | x one process | final held-out acc. | vs one process (points) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    header = ["task", "system", "workers", "steps/run", "accumulate", "start-up s", "s to target"]
+    header += ["x one process", "examples to target", "examples/s", "x one process"]
+    header += ["final held-out acc.", "vs one process (points)"]
+    body = []
     for r in rows:
-        head = f"| {r['task']} | {r['system']} | {r['workers']} | "
         scaled = f" (batch x{r['batch_scale']})" if r.get("batch_scale", 1) != 1 else ""
-        head += f"{r.get('steps_per_run', 1)} | {r.get('accumulate_steps', 1)}{scaled} | "
+        head = [r["task"], r["system"], r["workers"], r.get("steps_per_run", 1)]
+        head.append(f"{r.get('accumulate_steps', 1)}{scaled}")
         if "failed" in r:
-            lines.append(head + f"failed: {r['failed']} | | | | | | | |")
+            body.append(head + [f"failed: {r['failed']}"] + [""] * 7)
             continue
         ref, secs, speed = reference_row(rows, r) or {}, r["secs_to_target"], r.get("examples_per_sec")
         base = ref.get("final_accuracy")
-        delta = f"{100 * (r['final_accuracy'] - base):+.1f}" if base is not None else "-"
-        lines.append(
-            head + f"{r['startup_secs']:.1f} | {'-' if secs is None else f'{secs:.1f}'} | "
-            f"{_ratio(secs, ref.get('secs_to_target'))} | "
-            f"{r['examples_to_target'] if r['examples_to_target'] is not None else 'not reached'} | "
-            f"{'-' if speed is None else f'{speed:.0f}'} | {_ratio(speed, ref.get('examples_per_sec'))} | "
-            f"{r['final_accuracy']:.4f} | {delta} |"
+        reached = r["examples_to_target"]
+        body.append(
+            head
+            + [f"{r['startup_secs']:.1f}", "-" if secs is None else f"{secs:.1f}"]
+            + [_ratio(secs, ref.get("secs_to_target")), "not reached" if reached is None else reached]
+            + ["-" if speed is None else f"{speed:.0f}", _ratio(speed, ref.get("examples_per_sec"))]
+            + [
+                f"{r['final_accuracy']:.4f}",
+                f"{100 * (r['final_accuracy'] - base):+.1f}" if base is not None else "-",
+            ]
         )
-    return "\n".join(lines)
+    return _markdown(header, body)
 
 
 def _settings(row: dict) -> str:
