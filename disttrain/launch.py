@@ -306,9 +306,14 @@ def errors_to_exit(cluster: Cluster | None = None):
             lost = servers.lost_peers(None, texts, {})
         else:
             lost = servers.probe_lost(cluster, [], texts)
-        fail(f"lost contact: {lost}", EXIT_TRANSIENT)
+        fail(_lost_contact(lost), EXIT_TRANSIENT)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+
+
+def _lost_contact(lost: str) -> str:
+    """How a task says peers are gone, on every path TF's error may take (which one is timing)."""
+    return f"lost contact: {lost}"
 
 
 def fail(message: str, code: int = ConfigError.exit_code):
@@ -364,9 +369,8 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
     def on_reconnect(tf_texts: list[str]):
         lost = servers.probe_lost(cluster, others, tf_texts)
         if not strategy.recovers_in_process:
-            # Worded as errors_to_exit words a lost peer: which path TF's error takes is timing.
             raise TransientError(
-                f"lost contact: {lost}; {type(strategy).__name__} cannot recover in-process: "
+                f"{_lost_contact(lost)}; {type(strategy).__name__} cannot recover in-process: "
                 "exiting to restart from the last checkpoint"
             )
         log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
