@@ -290,7 +290,8 @@ class Benchmark:
     def _run_reference(self, rep: int) -> dict:
         """One process alone, no cluster: the same model, batch and threads."""
         every_n, batch = self._model["every_n"], self._model["batch"]
-        logdir = self._fresh(os.path.join(self.config.logdir, self._reference_name(rep)))
+        name = "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
+        logdir = self._fresh(os.path.join(self.config.logdir, name))
         log_path = os.path.join(logdir, "logs", "local.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         argv = [*local.TRAIN_COMMAND, f"--logdir={logdir}"]
@@ -306,6 +307,7 @@ class Benchmark:
             m = self._watch([Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
         finally:
             stop([proc])
+            self._drop_checkpoints(logdir)
         rate = m.steps_per_sec[task]
         cpu = (m.cpu_seconds_per_step() or {}).get(task)
         other = other_cores(m)
@@ -322,9 +324,6 @@ class Benchmark:
             "window_seconds": m.window_seconds,
             "logdir": logdir,
         }
-
-    def _reference_name(self, rep: int) -> str:
-        return "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
 
     @staticmethod
     def _fresh(path: str) -> str:
@@ -507,13 +506,11 @@ class Benchmark:
         except RunFailed as e:
             self.log(f"{self._elapsed()} reference FAILED: {e}")
             return {"error": str(e)}
-        finally:
-            self._drop_checkpoints(self._reference_name(rep))
 
-    def _drop_checkpoints(self, name: str) -> None:
+    def _drop_checkpoints(self, logdir: str) -> None:
         """A measured run's checkpoints, never read again, deleted (its logs and events stay)."""
         if not self.config.keep_checkpoints:
-            local.drop_checkpoints(os.path.join(self.config.logdir, name))
+            local.drop_checkpoints(logdir)
 
     def _measure(self, spec: RunSpec, k: int, rep: int) -> dict:
         """One run of `spec`: the Measurement and host roles, or its error or why it was skipped."""
@@ -536,7 +533,7 @@ class Benchmark:
             self.log(f"{self._elapsed()} {where} FAILED: {e}")
             return {"error": str(e), "logdir": logdir}
         finally:
-            self._drop_checkpoints(name)
+            self._drop_checkpoints(logdir)
         other = other_cores(m)
         rates = list(m.steps_per_sec.values())
         self.log(
