@@ -480,13 +480,14 @@ def _ps_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants, de
     return traffic, layout
 
 
-def _ring_traffic(shape: Shape, strategy: Strategy, dense: float, rows: float) -> Traffic:
+def _ring_traffic(shape: Shape, strategy: Strategy, dense: float, rows: float, tensors: int) -> Traffic:
     workers_on, _, _ = _hosts(shape)
     n = shape.workers
     ring = [traffic_lib.ring_host_bytes(n, dense, shape.towers_per_worker * rows) if n > 1 else 0.0] * len(
         workers_on
     )
-    buckets = max(1, math.ceil(dense / strategy.bucket_bytes))
+    # A bucket holds whole tensors (strategies.allreduce.make_buckets): never more buckets than tensors.
+    buckets = max(1, min(tensors, math.ceil(dense / strategy.bucket_bytes)))
     hops = 2 * (n - 1) if n > 1 else 0  # a bucket's ring: reduce-scatter then all-gather, hop after hop
     return Traffic(
         link=ring,
@@ -507,7 +508,7 @@ def _hybrid_traffic(model: Model, shape: Shape, strategy: Strategy, c: Constants
     Each host's link carries both. The PS side moves rows only: a push and a
     lookup per table part a worker touches (one message each way per PS).
     """
-    ring = _ring_traffic(shape, strategy, dense, 0.0)
+    ring = _ring_traffic(shape, strategy, dense, 0.0, model.tensors)
     tables, layout = _ps_traffic(model, shape, strategy, c, 0.0, rows)
     workers_on, ps_host, _ = _hosts(shape)
     per_worker = 2  # the rows pushed, the rows looked up
@@ -626,7 +627,7 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     elif strategy.uses_ps:
         t, layout = _ps_traffic(model, shape, strategy, c, dense, rows)
     else:
-        t = _ring_traffic(shape, strategy, dense, rows)
+        t = _ring_traffic(shape, strategy, dense, rows, model.tensors)
     _, _, roles = _hosts(shape)
     compute = model.step_time
     # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.

@@ -7,8 +7,9 @@ GPU's step time is the published single-GPU rate at that batch. Runs are
 split in four: the calibration set (the only rows any constant was chosen
 or checked against; `Constants.ps_cores` is calibrated on the seed's
 one-host rows), the held-out set, a second held-out set of runs on cloud
-TCP (`cloud_tcp`) and a third of NCCL rings over TCP or RDMA (`ring_runs`),
-both scaled against one host as published; no held-out
+TCP (`cloud_tcp`), a third of NCCL rings over TCP or RDMA (`ring_runs`) and
+a fourth of rings on PCIe hosts (`heldout_runs4`), all three scaled against
+one host as published; no held-out
 row was used to choose anything: its errors and coverage are computed, not
 fitted. Every row is predicted as an interval (`plan.interval`) from the
 spread of its transport's published environments (`plan.transports`),
@@ -21,11 +22,12 @@ import dataclasses
 import statistics
 from collections.abc import Callable
 
-from disttrain.plan import advice, cloud_tcp, cost, interval, ring_runs, transports
+from disttrain.plan import advice, cloud_tcp, cost, heldout_runs4, interval, ring_runs, transports
 
 CALIBRATION, HELD_OUT, CLOUD_TCP = "calibration", "held-out", "held-out, cloud TCP"
 RING = "held-out, NCCL rings"
-HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP, RING)
+PCIE_RINGS = "held-out, PCIe rings"
+HELD_OUT_SPLITS = (HELD_OUT, CLOUD_TCP, RING, PCIE_RINGS)
 
 # The transports and host buses, with their sources and spreads, live in `transports`; these names stay.
 GRPC, NCCL_TCP, NCCL_RDMA = transports.GRPC, transports.NCCL_TCP, transports.NCCL_RDMA
@@ -318,13 +320,14 @@ HELD_OUT_CASES: tuple[Case, ...] = (
 )
 
 
-def _vs_one_host(run, strategy: cost.Strategy, split: str, note: str) -> Case:
-    """A run scaled against one host: an NCCL ring, one process per GPU, GPUs joined by NVLink.
+def _vs_one_host(run, strategy: cost.Strategy, split: str, note: str, host_bus: str = NVLINK) -> Case:
+    """A run scaled against one host: an NCCL ring, one process per GPU, GPUs joined by `host_bus`.
 
-    One GPU's step is the one-host rate over its GPUs (the host's own
-    all-reduce over NVLink taken as free); scaling is against one host.
+    One GPU's step is the one-host rate over its GPUs; scaling is against
+    one host (each end of the interval over the same end's one-host
+    prediction, so the host's own all-reduce counts on both sides).
     """
-    shape = dict(gpus_per_host=run.gpus_per_host, towers=False, link_gbit=run.link_gbit, host_bus=NVLINK)
+    shape = dict(gpus_per_host=run.gpus_per_host, towers=False, link_gbit=run.link_gbit, host_bus=host_bus)
     one_gpu = run.one_host_images_per_sec / run.gpus_per_host
     return Case(
         run.source,
@@ -349,16 +352,22 @@ def _cloud(run: cloud_tcp.CloudRun) -> Case:
     return _vs_one_host(run, strategy, CLOUD_TCP, cloud_tcp.NOTES[run.source])
 
 
-def _ring(run: ring_runs.RingRun) -> Case:
-    """A run of `ring_runs`: NCCL's ring over its transport, in the source's buckets (Horovod's or DDP's)."""
-    bucket = int(run.bucket_mib * 2**20)
+def _ring(run: ring_runs.RingRun, split=RING, notes=ring_runs.NOTES, host_bus=NVLINK) -> Case:
+    """A run of `ring_runs` (or a set laid out as it): NCCL's ring over its transport, in its buckets.
+
+    A bucket of 0 MB (a source's threshold 0: every tensor reduced on its
+    own) is one byte here: the cost model caps buckets at the model's tensors.
+    """
+    bucket = max(1, int(run.bucket_mib * 2**20))
     strategy = cost.Strategy(cost.ALLREDUCE, bucket_bytes=bucket, transport=TRANSPORTS[run.transport])
-    return _vs_one_host(run, strategy, RING, ring_runs.NOTES[run.source])
+    return _vs_one_host(run, strategy, split, notes[run.source], host_bus)
 
 
 CLOUD_TCP_CASES = tuple(_cloud(run) for run in cloud_tcp.RUNS)
 RING_CASES = tuple(_ring(run) for run in ring_runs.RUNS)
-CASES = CALIBRATION_CASES + HELD_OUT_CASES + CLOUD_TCP_CASES + RING_CASES
+# The fourth set's hosts: 4 GPUs on PCIe, as its source states (heldout_runs4's note; one root assumed).
+PCIE_RING_CASES = tuple(_ring(run, PCIE_RINGS, heldout_runs4.NOTES, PCIE) for run in heldout_runs4.RUNS)
+CASES = CALIBRATION_CASES + HELD_OUT_CASES + CLOUD_TCP_CASES + RING_CASES + PCIE_RING_CASES
 
 
 @dataclasses.dataclass(frozen=True)

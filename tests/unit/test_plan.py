@@ -133,25 +133,30 @@ def test_pieces_pull_each_one_back_while_the_next_is_pushed():
 
 
 def test_latency_bound_small_tensors():
-    # D = 1 MB in 4 KiB buckets: 245 buckets (ceil(1e6 / 4096)), each a ring of 8 hosts: 2 x 7 = 14
-    # hops one after another at 0.5 ms: 245 x 14 x 0.5 ms = 1.715 s, against 2 x 1 MB x 7/8 / 1.25
-    # GB/s = 1.4 ms of bytes and 0.1 s of compute.
+    # D = 1 MB of 1,000 tensors in 4 KiB buckets: 245 buckets (ceil(1e6 / 4096)), each a ring of 8
+    # hosts: 2 x 7 = 14 hops one after another at 0.5 ms: 245 x 14 x 0.5 ms = 1.715 s, against
+    # 2 x 1 MB x 7/8 / 1.25 GB/s = 1.4 ms of bytes and 0.1 s of compute.
     tiny = cost.Strategy(cost.ALLREDUCE, bucket_bytes=4096)
     shape = cost.Shape(hosts=8, link_gbit=10, latency_ms=0.5)
-    p = cost.predict(model(dense=1 * MB), shape, tiny, BARE)
+    p = cost.predict(model(dense=1 * MB, tensors=1000), shape, tiny, BARE)
     assert p.terms["latency in path"] == pytest.approx(245 * 14 * 0.5e-3)
     assert p.bottleneck.startswith("latency")
     # Larger buckets (16 KiB: 62 buckets, a quarter of the hops) gain about 4x; PS with overlap,
     # which has no chain of hops in the step, gains most (the step becomes compute-bound).
-    ranked = {c.what: c.gain for c in advice.changes(model(dense=1 * MB), shape, tiny, BARE)}
+    ranked = {c.what: c.gain for c in advice.changes(model(dense=1 * MB, tensors=1000), shape, tiny, BARE)}
     larger = next(what for what in ranked if what.endswith("MiB buckets (larger)"))
     assert ranked[larger] == pytest.approx(
         (0.1 / 3 + 245 * 14 * 0.5e-3) / (0.1 / 3 + 62 * 14 * 0.5e-3), rel=0.02
     )
     assert max(ranked, key=ranked.get).startswith("async PS with overlap")
     # Per-message cost counts the same way: 2.6e-4 s of CPU per hop, no latency.
-    msg = cost.predict(model(dense=1 * MB), cost.Shape(hosts=8, link_gbit=10), tiny, cost.Constants())
+    msg = cost.predict(
+        model(dense=1 * MB, tensors=1000), cost.Shape(hosts=8, link_gbit=10), tiny, cost.Constants()
+    )
     assert msg.terms["latency in path"] == pytest.approx(245 * 14 * 2.6e-4)
+    # A bucket holds whole tensors: the same 1 MB in 8 tensors makes 8 buckets, not 245.
+    few = cost.predict(model(dense=1 * MB, tensors=8), shape, tiny, BARE)
+    assert few.terms["latency in path"] == pytest.approx(8 * 14 * 0.5e-3)
 
 
 def test_pipelined_transfers_overlap_backprop():

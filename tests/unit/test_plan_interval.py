@@ -50,11 +50,12 @@ def test_each_end_of_the_interval_is_the_spread_s_end():
 
 
 def test_the_width_is_named_after_the_constant_that_moves_the_efficiency_most():
-    # 1 MB in 4 KiB buckets over 8 hosts: 245 buckets x 14 hops, one after another: latency-bound. A hop
-    # from 9.6 us to 1 ms moves the step by seconds; a share from 0.5 to 0.7 moves 1.4 ms of bytes.
+    # 1 MB of 1,000 tensors in 4 KiB buckets over 8 hosts: 245 buckets x 14 hops, one after another:
+    # latency-bound. A hop from 9.6 us to 1 ms moves the step by seconds; a share from 0.5 to 0.7
+    # moves 1.4 ms of bytes.
     tiny = cost.Strategy(cost.ALLREDUCE, bucket_bytes=4096, transport=transports.NCCL_TCP)
     spreads = {"nccl_tcp": tcp_spread((0.5, 0.7), (1e-3,))}
-    iv = interval.predict(model(dense=1 * MB), cost.Shape(hosts=8, link_gbit=10), tiny, spreads)
+    iv = interval.predict(model(dense=1 * MB, tensors=1000), cost.Shape(hosts=8, link_gbit=10), tiny, spreads)
     assert iv.driver == "nccl_tcp cost per message or hop 9.6 us-1.00 ms"
     assert iv.low.terms["latency in path"] == pytest.approx(245 * 14 * 1e-3)
     # One large bucket of 100 MB: the bytes, not 14 hops, set the width.
