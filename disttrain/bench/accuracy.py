@@ -14,7 +14,7 @@ gives the seconds and examples to the first evaluation at or above the
 target, and the last evaluation's accuracy.
 
 Tasks ship their data, no download at run time:
-- digits: scikit-learn's `load_digits` (1,797 8x8 images, 10 classes), a
+- digits: the UCI digits as scikit-learn's `load_digits` gives them (1,797 8x8 images, 10 classes), a
   held-out split fixed by seed, the zoo's MLP;
 - teacher: CIFAR-shaped images (24x24x3, the zoo's CIFAR-10 CNN crop):
   seeded 8x8 blocks of colour plus pixel noise, labelled by a fixed teacher
@@ -73,13 +73,22 @@ class Task:
     warmup_examples: int = 0  # a scaled rate ramps up linearly over these (Goyal et al. 2017)
 
 
-def digits_data(seed: int = 0, held_out: int = 397):
-    """scikit-learn's digits (pixels scaled to [0, 1]); `held_out` images, chosen by `seed`, kept apart."""
-    from sklearn.datasets import load_digits
+# The UCI "Optical Recognition of Handwritten Digits" test set (E. Alpaydin, C. Kaynak; CC BY 4.0),
+# as scikit-learn ships it (sklearn/datasets/data/digits.csv.gz, byte for byte): 1,797 rows of 64
+# pixel counts (0-16) and the label. Shipped here so that the accuracy tool needs no scikit-learn:
+# with it installed, Keras imports it inside `import tensorflow`, in every process of every task.
+DIGITS_FILE = os.path.join(os.path.dirname(__file__), "data", "digits.csv.gz")
 
-    digits = load_digits()
-    order = np.random.RandomState(seed).permutation(len(digits.target))
-    x, y = (digits.data / 16.0).astype(np.float32)[order], digits.target.astype(np.int32)[order]
+
+def digits_data(seed: int = 0, held_out: int = 397):
+    """The digits (pixels scaled to [0, 1]); `held_out` images, chosen by `seed`, kept apart.
+
+    The same arrays as scikit-learn's `load_digits()` gives (its data and target).
+    """
+    table = np.loadtxt(DIGITS_FILE, delimiter=",")  # gzip by the name, as scikit-learn reads it
+    pixels, labels = table[:, :-1], table[:, -1].astype(int)
+    order = np.random.RandomState(seed).permutation(len(labels))
+    x, y = (pixels / 16.0).astype(np.float32)[order], labels.astype(np.int32)[order]
     return x[held_out:], y[held_out:], x[:held_out], y[:held_out]
 
 

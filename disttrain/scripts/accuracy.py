@@ -10,7 +10,7 @@ held-out accuracy every --eval_every_steps global steps. Prints one row per
 system (start-up, seconds and examples to the target, final held-out
 accuracy and its difference from one process's), writes the JSON report
 (--out) and a plot of held-out accuracy against time next to it. Tasks:
-digits (scikit-learn's, the `accuracy` extra), teacher (CIFAR-shaped, labels
+digits (UCI's, as scikit-learn ships them; inside the package), teacher (CIFAR-shaped, labels
 from a fixed teacher). `python bin/accuracy.py ...` is the same from a checkout.
 Exits non-zero if a run failed or did not train.
 

@@ -11,7 +11,6 @@ import sys
 import matplotlib  # noqa: F401  (the `bench` extra, which README's test command installs: never a skip)
 import numpy as np
 import pytest
-import sklearn  # noqa: F401  (the `accuracy` extra, likewise)
 import tensorflow as tf
 
 from disttrain.bench import accuracy
@@ -151,9 +150,16 @@ def test_teacher_data_is_fixed_and_every_class_is_there():
     np.testing.assert_array_equal(accuracy.teacher_data(train=2000, held_out=500)[1], y)
 
 
+DIGITS_CLASS_COUNTS = [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+DIGITS_PIXEL_SUM = 561_718
+
+
 def test_digits_held_out_split_is_fixed_and_apart():
     x, y, hx, hy = accuracy.digits_data()
     assert len(y) + len(hy) == 1797 and len(hy) == 397
+    # The shipped file is scikit-learn's load_digits(): its class counts and its pixels' total.
+    assert np.bincount(np.concatenate([y, hy])).tolist() == DIGITS_CLASS_COUNTS
+    assert round(float(np.concatenate([x, hx]).sum()) * 16) == DIGITS_PIXEL_SUM
     assert x.shape[1] == 64 and 0 <= x.min() and x.max() <= 1
     again = accuracy.digits_data()
     np.testing.assert_array_equal(again[3], hy)

@@ -72,9 +72,10 @@ def test_nan_on_one_all_reduce_replica_ends_it_with_3_and_its_peer_with_150(tmp_
     codes = run_all(procs, tmp_path, timeout=180)
     assert codes == {"worker_0": EXIT_TRANSIENT, "worker_1": EXIT_DIVERGED}, (codes, logs(tmp_path))
     last = {name: (tmp_path / f"{name}.log").read_text().strip().splitlines()[-1] for name in codes}
-    # The loss and the gradients computed from it are both checked: whichever check ran first says so.
+    # The loss and the gradients computed from it (w's and b's) are all checked: whichever check ran
+    # first says so, and which one that is differs between CPUs (b's on an AMD EPYC without AVX-512).
     assert re.match(
-        r"disttrain: error: (loss|gradient of w) became NaN or Inf after global step \d+", last["worker_1"]
+        r"disttrain: error: (loss|gradient of [wb]) became NaN or Inf after global step \d+", last["worker_1"]
     ), last
     assert "/job:worker/task:1" in last["worker_0"] and last["worker_0"].startswith(
         "disttrain: error: lost"

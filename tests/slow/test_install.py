@@ -154,6 +154,14 @@ def test_link_probe_is_installed_with_its_host_program(installed):
     assert done.stdout.strip() == "True", explain(done)
 
 
+def test_the_digits_ship_with_the_accuracy_tool(installed):
+    # disttrain-accuracy's digits are package data (no scikit-learn, no download).
+    bin_dir, _ = installed
+    code = "from disttrain.bench import accuracy as a; print(sum(len(part) for part in a.digits_data()[1::2]))"
+    done = run(installed, str(bin_dir / "python"), "-c", code)
+    assert done.stdout.strip() == "1797", explain(done)
+
+
 def test_the_tf2_peers_ship_with_the_module_they_import_by_path(installed):
     # tf2_pss.py and tf2_mwms.py run by file path and import tf2_common from beside them.
     bin_dir, _ = installed
