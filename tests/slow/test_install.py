@@ -157,7 +157,9 @@ def test_link_probe_is_installed_with_its_host_program(installed):
 def test_the_digits_ship_with_the_accuracy_tool(installed):
     # disttrain-accuracy's digits are package data (no scikit-learn, no download).
     bin_dir, _ = installed
-    code = "from disttrain.bench import accuracy as a; print(sum(len(part) for part in a.digits_data()[1::2]))"
+    code = (
+        "from disttrain.bench import accuracy as a; print(sum(len(part) for part in a.digits_data()[1::2]))"
+    )
     done = run(installed, str(bin_dir / "python"), "-c", code)
     assert done.stdout.strip() == "1797", explain(done)
 
