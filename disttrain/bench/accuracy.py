@@ -86,9 +86,9 @@ def digits_data(seed: int = 0, held_out: int = 397):
     The same arrays as scikit-learn's `load_digits()` gives (its data and target).
     """
     table = np.loadtxt(DIGITS_FILE, delimiter=",")  # gzip by the name, as scikit-learn reads it
-    pixels, labels = table[:, :-1], table[:, -1].astype(int)
+    pixels, labels = table[:, :-1], table[:, -1].astype(np.int32)
     order = np.random.RandomState(seed).permutation(len(labels))
-    x, y = (pixels / 16.0).astype(np.float32)[order], labels.astype(np.int32)[order]
+    x, y = (pixels / 16.0).astype(np.float32)[order], labels[order]
     return x[held_out:], y[held_out:], x[:held_out], y[:held_out]
 
 

@@ -88,7 +88,6 @@ from disttrain.plan import ring_runs
 
 RingRun = ring_runs.RingRun
 NCCL_TCP, NCCL_RDMA = ring_runs.NCCL_TCP, ring_runs.NCCL_RDMA
-HOROVOD_FUSION_MIB, DDP_BUCKET_MIB = ring_runs.HOROVOD_FUSION_MIB, ring_runs.DDP_BUCKET_MIB
 
 _DDL_BENCH = (
     "github.com/HKBU-HPML/ddl-benchmarks results/2020-05-29/README.md (the repository of arXiv 2005.13247): "
