@@ -52,6 +52,7 @@ setup(
         "test": [
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
+            "pytest-xdist>=3.5,<4",  # CI runs two test files at a time (.ci/run)
             "ruff>=0.6",
             "psutil>=5.9,<8",
             "pyyaml>=6,<7",
