@@ -220,7 +220,7 @@ CASES = [
     ("SyncHybrid", UNEVEN_FILES, 4, "", ""),
     ("SyncHybrid", UNEVEN_FILES, 4, "", BOTH),
 ]
-IDS = [
+CASE_IDS = [
     "async-files",
     "sync-files",
     "allreduce-files",
@@ -239,7 +239,7 @@ IDS = [
     "strategy, sizes, batch, knobs, settings",
     [
         pytest.param(*case, id=name, marks=[pytest.mark.extended] if name in EXTENDED else [])
-        for case, name in zip(CASES, IDS, strict=True)
+        for case, name in zip(CASES, CASE_IDS, strict=True)
     ],
 )
 def test_uneven_inputs_end_every_task_with_every_id_read_once(
