@@ -55,6 +55,7 @@ def test_no_update_fails_every_system_and_the_reference(tmp_path):
 
 
 @pytest.mark.cluster
+@pytest.mark.extended  # issue 20's refusal: test_trained_nothing and the test above (CI's time)
 def test_frozen_variables_fail_disttrain_and_the_tf2_peers(tmp_path):
     args = ["--gin_file=gin/bench/mlp.gin", f"--gin_file={TINY}", "--gin_param=Adam.learning_rate=0.0"]
     args += ["--workers=1", "--ps=1", "--systems=disttrain,tf2_pss,tf2_mwms", "--reference=false", *SHORT]

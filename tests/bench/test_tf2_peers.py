@@ -18,7 +18,7 @@ import tensorflow as tf
 from disttrain import configurables
 from disttrain.bench import runner, tf2
 from model_zoo import cifar10, layers
-from tests import REPO
+from tests import REPO, extended_beyond
 from tests.bench.test_benchmark import TINY, _explain, benchmark
 
 v1 = tf.compat.v1
@@ -210,7 +210,7 @@ def _check_peer_row(run: dict, system: str, workers: int) -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", extended_beyond(MODELS, {"mlp"}))  # CIFAR-10: extended (CI's time)
 def test_tf2_pss_two_workers_one_ps(model, tmp_path):
     args = [f"--gin_file={MODELS[model]}", *TINY_ARGS, "--workers=2", "--ps=1", "--systems=tf2_pss"]
     done, report, _ = benchmark(args, tmp_path, timeout=180)
@@ -232,7 +232,7 @@ def test_tf2_pss_two_workers_one_ps(model, tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", extended_beyond(MODELS, {"mlp"}))
 def test_tf2_mwms_two_workers(model, tmp_path):
     args = [f"--gin_file={MODELS[model]}", *TINY_ARGS, "--workers=2", "--systems=tf2_mwms"]
     done, report, _ = benchmark(args, tmp_path, timeout=180)

@@ -29,6 +29,7 @@ import pytest
 import tensorflow as tf
 
 from disttrain.local import free_port
+from tests import extended_beyond
 from tests.cluster.test_own_model import logs, run_all, start, start_all
 
 pytestmark = pytest.mark.cluster
@@ -247,15 +248,15 @@ def test_async_one_worker_matches_one_process(tmp_path_factory):
     assert_close(got, want, ASYNC_RTOL, ASYNC_ATOL, "async_1_worker")
 
 
-# async_overlap_bf16 is the one mode no other test trains: its run is in the extended tier (CI's time;
-# 16-bit transfer under overlap is measured on the wire by test_transfer_wire and on links by netem).
+# Two modes no other test here trains are the extended tier's (CI's time): async_overlap_bf16 (16-bit
+# transfer under overlap is measured on the wire by test_transfer_wire and on links by netem) and
+# sync_ps_backup (backup workers train in test_sync, test_faults and test_input_sharding).
 @pytest.mark.parametrize(
     "mode",
-    [
-        pytest.param(m, marks=[pytest.mark.extended] if m == "async_overlap_bf16" else [])
-        for m in MODES
-        if m != "one_process_b"
-    ],
+    extended_beyond(
+        [m for m in MODES if m != "one_process_b"],
+        {m for m in MODES if m not in ("async_overlap_bf16", "sync_ps_backup")},
+    ),
 )
 def test_reaches_100_percent_training_accuracy_on_learnable_data(tmp_path_factory, mode):
     weights = train(tmp_path_factory, mode)

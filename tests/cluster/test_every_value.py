@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from disttrain.launch import read_results
 from disttrain.local import free_port, task_env
+from tests import extended_beyond
 from tests.cluster.test_own_model import logs, run_all
 
 pytestmark = pytest.mark.cluster
@@ -123,7 +124,8 @@ def checkpoint_steps(logdir) -> list[int]:
     return sorted(int(p.name.split("-")[1].split(".")[0]) for p in logdir.glob("model.ckpt-*.index"))
 
 
-@pytest.mark.parametrize("run", list(RUNS))
+# One run per strategy in CI; the other three are the extended tier's (CI's time).
+@pytest.mark.parametrize("run", extended_beyond(RUNS, {"async-overlap", "sync_ps-all", "allreduce-buckets"}))
 def test_a_run_with_every_setting_trains_to_the_last_step_and_every_task_exits_0(tmp_path, run):
     strategy, knobs, settings = RUNS[run]
     codes = run_all(start_cluster(tmp_path, strategy, knobs, settings), tmp_path, timeout=240)

@@ -7,8 +7,9 @@ import os
 import pytest
 import yaml
 
-from tests import REPO
+from tests import REPO, extended_beyond
 from tests.cluster.helpers import TINY, moved_weights, saved_steps, train_py
+from tests.cluster.test_zoo_matrix import EXPERIMENTS as ZOO_FILES
 
 pytestmark = pytest.mark.cluster
 
@@ -21,12 +22,9 @@ def test_gin_folder_is_not_a_python_package():
     assert len(EXPERIMENTS) >= 2
 
 
-# Inception-v3's file also trains in the zoo matrix (all-reduce cell): its one-process run here, the
-# longest of these, is in the extended tier (CI's time).
-@pytest.mark.parametrize(
-    "gin_file",
-    [pytest.param(p, marks=pytest.mark.extended) if "inception_v3" in p else p for p in EXPERIMENTS],
-)
+# The files the zoo matrix trains on a cluster (tests/cluster/test_zoo_matrix.py): their one-process runs
+# here are the extended tier's (CI's time); CI runs the others.
+@pytest.mark.parametrize("gin_file", extended_beyond(EXPERIMENTS, set(EXPERIMENTS) - set(ZOO_FILES.values())))
 def test_every_shipped_config_trains_with_the_tiny_overlay(gin_file, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     r = train_py(

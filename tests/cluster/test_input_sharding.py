@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 from disttrain.local import free_port
+from tests import extended_beyond
 from tests.cluster.helpers import wait_for_line
 from tests.cluster.test_own_model import logs, run_all, start, start_all
 
@@ -199,10 +200,13 @@ def expected(
 BOTH = "accumulate_steps=3, steps_per_run=2,"
 
 
-# CI runs each strategy on uneven files and on uneven records, and the hybrid with micro-batches and
-# runs that outlast a pipeline's data; the other strategies' accumulate-per-run cases, heavier repeats
-# of those paths, are in the extended tier (CI's time).
+# CI runs each strategy on uneven files, and the hybrid with micro-batches and runs that outlast a
+# pipeline's data; fewer files than pipelines (records) and the other strategies' accumulate-per-run
+# cases, repeats of those paths, are in the extended tier (CI's time).
 EXTENDED = {
+    "async-overlap-records",
+    "sync-backup-records",
+    "allreduce-records",
     "async-overlap-files-accumulate-per-run",
     "sync-files-accumulate-per-run",
     "allreduce-files-accumulate-per-run",
@@ -274,7 +278,7 @@ def test_uneven_inputs_end_every_task_with_every_id_read_once(
         np.testing.assert_allclose(saved.get_tensor("table")[:, 0], table, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("per_run", [1, 3])
+@pytest.mark.parametrize("per_run", extended_beyond([1, 3], {1}))  # three steps per run: extended
 def test_a_restarted_replica_goes_on_from_its_saved_position(tmp_path, per_run):
     path, cluster = setup(tmp_path, "AsyncParameterServer", lr=0.001, settings=f"steps_per_run={per_run},")
     procs = start_all(path, tmp_path, cluster)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import extended_beyond
 from tests.cluster.test_own_model import cluster_of, logs, run_all, start_all
 from tests.unit.test_optimizer_contract import CLIP, LR, one_process_clipped
 
@@ -103,14 +104,17 @@ def model_loss():
     return tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0)) + tf.reduce_mean(tf.square(rows - 1.0))
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# CI: each wrapper under a PS strategy and under all-reduce; the rest in the extended tier (CI's time).
+@pytest.mark.parametrize("mode", extended_beyond(MODES, {"sync_pieces", "allreduce"}))
 def test_a_zeroing_wrapper_leaves_every_variable_as_it_was(tmp_path, mode):
     values = run(tmp_path, mode, "Zeroing")
     np.testing.assert_array_equal(values["w"], np.full([64, 32], 0.1, np.float32))
     np.testing.assert_array_equal(values["table"], np.full([40, 32], 0.2, np.float32))
 
 
-@pytest.mark.parametrize("mode", ["async_pieces", "sync_pieces", "allreduce"])
+@pytest.mark.parametrize(
+    "mode", extended_beyond(["async_pieces", "sync_pieces", "allreduce"], {"async_pieces", "allreduce"})
+)
 def test_a_clipping_wrapper_gives_one_process_clipped_update(tmp_path, mode):
     reference = one_process_clipped(model_loss, steps=STEPS)
     values = run(tmp_path, mode, "Clipping")

@@ -274,6 +274,7 @@ def keras_leg(tmp_path, name, num_ps, num_workers, step, strategy, timeout=150) 
     assert set(codes.values()) == {0}, (codes, logs)
 
 
+@pytest.mark.extended  # the zoo MLP's resize takes the same path (CI's time)
 def test_keras_model_resizes_2_3_1_and_one_process(tmp_path):
     logdir = tmp_path / "logdir"
     # 2 PS, sync with 2 replicas: Adam's beta powers are named as under every other strategy.

@@ -37,9 +37,6 @@ EXPERIMENTS = {
     "vgg16": "gin/vgg16_sync.gin",
 }
 SLOW = {"inception_v3", "resnet152"}  # the largest graphs of the tiny overlay: the longest cells
-# Plain convolution stacks whose PS and hybrid cells repeat what the MLP's, ResNet-50's (batch norm) and
-# the DLRM's (tables) show; CI runs them under all-reduce, issue 20's guard.
-PLAIN = {"alexnet", "cifar10", "vgg16"}
 STRATEGIES = {"async_ps": 1, "sync_ps": 1, "allreduce": 0, "hybrid": 1}  # strategy -> PS tasks
 # The DLRM's cells run its tables the way tests/cluster/test_embeddings.py once did in clusters of
 # its own: on 2 PS (tables on both); async with overlap (each step gathers its rows on the PS,
@@ -67,12 +64,14 @@ def test_every_zoo_model_is_in_the_matrix():
 
 
 def _marks(model: str, strategy: str) -> list:
-    """CI runs every model under all-reduce (issue 20's guard) and every strategy on the MLP, ResNet-50
-    and the DLRM; the other PS and hybrid cells are in the extended tier (CI's time)."""
+    """CI runs every model but the two largest graphs under all-reduce (issue 20's guard), the DLRM
+    (tables) under every strategy and ResNet-50 (batch norm) under the hybrid; the other cells are in
+    the extended tier (CI's time: the MLP trains under every strategy in most cluster tests, and
+    Inception-v3 and ResNet-152 take a step at full size in tests/slow)."""
     marks = [pytest.mark.slow] if model in SLOW else []
-    if strategy != "allreduce" and model in SLOW | PLAIN:
-        marks.append(pytest.mark.extended)
-    return marks
+    in_ci = (strategy == "allreduce" and model not in SLOW) or model == "dlrm"
+    in_ci = in_ci or (model, strategy) == ("resnet50", "hybrid")
+    return marks + ([] if in_ci else [pytest.mark.extended])
 
 
 @pytest.mark.parametrize(

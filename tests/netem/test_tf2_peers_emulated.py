@@ -17,7 +17,9 @@ import pytest
 from disttrain.bench import netem
 from tests.bench.test_benchmark import TINY, _explain, benchmark
 
-pytestmark = pytest.mark.netem
+# Extended (CI's time): the TF 2 peers' bytes on emulated links, the benchmark's account of them; the
+# peers' runs on loopback (tests/bench/test_tf2_peers.py) stay in CI.
+pytestmark = [pytest.mark.netem, pytest.mark.extended]
 
 # fc2 is 512 x 512 (1 MiB), so MinSizePartitioner's 256 KiB minimum splits it over 2 PS;
 # 0.3M parameters, 1.14 MB: about 10 steps/s at 100 Mbit/s, so a run takes seconds.
