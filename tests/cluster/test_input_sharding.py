@@ -203,47 +203,33 @@ BOTH = "accumulate_steps=3, steps_per_run=2,"
 # CI runs each strategy on uneven files, and the hybrid with micro-batches and runs that outlast a
 # pipeline's data; fewer files than pipelines (records) and the other strategies' accumulate-per-run
 # cases, repeats of those paths, are in the extended tier (CI's time).
-EXTENDED = {
-    "async-overlap-records",
-    "sync-backup-records",
-    "allreduce-records",
-    "async-overlap-files-accumulate-per-run",
-    "sync-files-accumulate-per-run",
-    "allreduce-files-accumulate-per-run",
+IN_CI = {"async-files", "sync-files", "allreduce-files", "hybrid-files", "hybrid-files-accumulate-per-run"}
+CASES = {
+    "async-files": ("AsyncParameterServer", UNEVEN_FILES, 4, "", ""),
+    "sync-files": ("SyncParameterServer", UNEVEN_FILES, 4, "", ""),
+    "allreduce-files": ("SyncAllReduce", UNEVEN_FILES, 4, "", ""),
+    "async-overlap-records": ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True", ""),
+    "sync-backup-records": ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1", ""),
+    "allreduce-records": ("SyncAllReduce", FEWER_FILES, 5, "", ""),
+    "async-overlap-files-accumulate-per-run": (
+        "AsyncParameterServer",
+        UNEVEN_FILES,
+        4,
+        ", overlap=True",
+        BOTH,
+    ),
+    "sync-files-accumulate-per-run": ("SyncParameterServer", UNEVEN_FILES, 4, "", BOTH),
+    "allreduce-files-accumulate-per-run": ("SyncAllReduce", UNEVEN_FILES, 4, "", BOTH),
+    "hybrid-files": ("SyncHybrid", UNEVEN_FILES, 4, "", ""),
+    "hybrid-files-accumulate-per-run": ("SyncHybrid", UNEVEN_FILES, 4, "", BOTH),
 }
-CASES = [
-    ("AsyncParameterServer", UNEVEN_FILES, 4, "", ""),
-    ("SyncParameterServer", UNEVEN_FILES, 4, "", ""),
-    ("SyncAllReduce", UNEVEN_FILES, 4, "", ""),
-    ("AsyncParameterServer", FEWER_FILES, 5, ", overlap=True", ""),
-    ("SyncParameterServer", FEWER_FILES, 5, ", backup_workers=1", ""),
-    ("SyncAllReduce", FEWER_FILES, 5, "", ""),
-    ("AsyncParameterServer", UNEVEN_FILES, 4, ", overlap=True", BOTH),
-    ("SyncParameterServer", UNEVEN_FILES, 4, "", BOTH),
-    ("SyncAllReduce", UNEVEN_FILES, 4, "", BOTH),
-    ("SyncHybrid", UNEVEN_FILES, 4, "", ""),
-    ("SyncHybrid", UNEVEN_FILES, 4, "", BOTH),
-]
-CASE_IDS = [
-    "async-files",
-    "sync-files",
-    "allreduce-files",
-    "async-overlap-records",
-    "sync-backup-records",
-    "allreduce-records",
-    "async-overlap-files-accumulate-per-run",
-    "sync-files-accumulate-per-run",
-    "allreduce-files-accumulate-per-run",
-    "hybrid-files",
-    "hybrid-files-accumulate-per-run",
-]
 
 
 @pytest.mark.parametrize(
     "strategy, sizes, batch, knobs, settings",
     [
-        pytest.param(*case, id=name, marks=[pytest.mark.extended] if name in EXTENDED else [])
-        for case, name in zip(CASES, CASE_IDS, strict=True)
+        pytest.param(*case, id=name, marks=[] if name in IN_CI else [pytest.mark.extended])
+        for name, case in CASES.items()
     ],
 )
 def test_uneven_inputs_end_every_task_with_every_id_read_once(
