@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -33,8 +34,41 @@ _IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TF_CPP_LOG = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING: All log messages before absl)")
 
 
+_LOWEST_PORT = 20000  # below: ports services are commonly configured on
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port no one listens on, outside the kernel's ephemeral range.
+
+    A task restarted on its port must find it free. A port from `bind(0)` is
+    one the kernel also gives to outgoing connections: once its task dies,
+    any process's next gRPC connection may take it, and the restart fails
+    with "already in use" (seen under two test files at a time). Ports
+    outside the ephemeral range are never chosen for outgoing connections.
+    """
+    low, high = _ephemeral_range()
+    choices = [p for p in range(_LOWEST_PORT, 65536) if (p < low or p > high) and p not in _handed_out]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(choices)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # the range is crowded: any free port, as the kernel picks it
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -1,5 +1,6 @@
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -170,3 +171,17 @@ def test_drop_checkpoints_deletes_a_savers_files_and_keeps_logs_and_events(tmp_p
     assert "logs/worker_0.log" in left and "checkpoint_notes.txt" in left
     assert any(p.startswith("events.out.tfevents") for p in left), left
     assert freed >= written
+
+
+def test_free_ports_are_outside_the_range_outgoing_connections_take():
+    # A task restarted on its port must find it free; the kernel gives ports of its ephemeral
+    # range to any process's outgoing connections, so a dead task's port there can be taken.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(x) for x in f.read().split())
+    ports = [local.free_port() for _ in range(100)]
+    assert len(set(ports)) == 100  # never the same port twice to one process
+    assert all(not low <= p <= high for p in ports), [p for p in ports if low <= p <= high]
+    for p in ports[:10]:  # each one free to listen on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+            s.listen()
