@@ -402,13 +402,20 @@ def predict_case(
     model: cost.Model,
     constants: cost.Constants = cost.DEFAULTS,
     spreads=transports.SPREADS,
+    error: float | None = None,
 ) -> Result:
+    """error: the planner's own error (`interval.MODEL_ERROR` when None; 0: the spread alone)."""
     shape = cost.Shape(hosts=case.hosts, ps=case.ps, **case.shape)
-    iv = interval.predict(model, shape, case.strategy, spreads, constants)
+    error = interval.MODEL_ERROR if error is None else error
+    iv = interval.predict(model, shape, case.strategy, spreads, constants, error=0.0)
     predicted = iv.efficiencies
-    if case.one_host_images_per_sec is not None:
-        one = interval.predict(model, dataclasses.replace(shape, hosts=1), case.strategy, spreads, constants)
+    if case.one_host_images_per_sec is not None:  # each end of the spread over the same end for one host
+        one = interval.predict(
+            model, dataclasses.replace(shape, hosts=1), case.strategy, spreads, constants, error=0.0
+        )
         predicted = tuple(n / o for n, o in zip(predicted, one.efficiencies, strict=True))
+    predicted = interval.widen(predicted, error)  # the planner's own error, in the case's terms
+    iv = interval.with_error(iv, error)
     loose = cost.predict(model, shape, case.strategy, dataclasses.replace(constants, ps_cores=None))
     return Result(case, iv, predicted, loose, model)
 
@@ -506,13 +513,15 @@ def table(results: list[Result]) -> str:
         s = summary(held)
         lines += [
             _summary_line("all held-out runs", s)
-            + f" (targets: {_pct(s.inside, s.rows)} and {_pct(s.within_25, s.rows)} of runs, each 80%)",
+            + f" (inside: {_pct(s.inside, s.rows)}, middle within 25%: {_pct(s.within_25, s.rows)};"
+            " the targets: 80% each)",
             "",
         ]
     lines.append(
         "efficiency: images/s over GPUs x one GPU's published rate (vs GPU), or over hosts x one host's "
         "(vs host), or as published; low and high: the transport's constants at their least and most "
-        "favourable published environment (docs/planner.md)"
+        "favourable published environment, or the middle moved by the planner's own error on its calibration "
+        f"runs ({100 * interval.MODEL_ERROR:.0f}%), whichever is farther (docs/planner.md)"
     )
     lines.append("sources:")
     lines += [f"  [{tag}] {source}" for source, tag in tags.items()]

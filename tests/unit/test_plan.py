@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from disttrain import cli, placement
-from disttrain.plan import advice, calibrate, cost, measured, models, published, transports
+from disttrain.plan import advice, calibrate, cost, interval, measured, models, published, transports
 from tests import REPO
 
 v1 = tf.compat.v1
@@ -409,9 +409,29 @@ def test_every_published_interval_holds_its_middle(published_results):
     for r in published_results:
         low, middle, high = r.predicted
         assert low <= middle <= high, r.case
-    # The cloud TCP rows' width is NCCL over TCP's share of the link, as published environments spread it.
+    # The cloud TCP rows' width is NCCL over TCP's share of the link, as published environments spread it,
+    # but where the planner's own error is wider.
     cloud = [r for r in published_results if r.case.split == published.CLOUD_TCP]
-    assert all(r.interval.driver.startswith("nccl_tcp link share") for r in cloud)
+    own = interval.model_error_label(interval.MODEL_ERROR)
+    assert all(r.interval.driver.startswith("nccl_tcp link share") or r.interval.driver == own for r in cloud)
+    assert sum(r.interval.driver.startswith("nccl_tcp link share") for r in cloud) >= len(cloud) // 2
+
+
+def test_the_planner_s_own_error_is_its_calibration_runs_conformal_quantile(published_results):
+    # Of the calibration runs no constant was fitted to, the ceil((n + 1) x 0.8)-th smallest |error| of
+    # the middle: the stored MODEL_ERROR cannot drift from the calibration set, and no held-out run sets it.
+    fitted_nothing = [
+        r for r in published_results if r.case.split == published.CALIBRATION and not r.case.calibrated
+    ]
+    assert len(fitted_nothing) == 18
+    assert interval.MODEL_ERROR == pytest.approx(
+        interval.conformal_error([r.error for r in fitted_nothing]), abs=5e-4
+    )
+    # Every row's range holds the middle moved by that error both ways (the high end at most 1).
+    for r in published_results:
+        low, middle, high = r.predicted
+        assert low <= middle / (1 + interval.MODEL_ERROR) + 1e-9
+        assert high >= min(middle / (1 - interval.MODEL_ERROR), max(1.0, middle)) - 1e-9
 
 
 def test_fitted_points_are_what_the_calibration_rows_imply(published_results):

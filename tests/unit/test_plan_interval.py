@@ -37,7 +37,7 @@ def test_each_end_of_the_interval_is_the_spread_s_end():
     # one bucket waits for the whole backprop: a round is 0.1 s + the link + 2 x 3 hops of 9.6 us.
     ring = cost.Strategy(cost.ALLREDUCE, bucket_bytes=2**30, transport=transports.NCCL_TCP)
     iv = interval.predict(
-        model(), cost.Shape(hosts=4, link_gbit=10), ring, {"nccl_tcp": tcp_spread((0.3, 0.9))}
+        model(), cost.Shape(hosts=4, link_gbit=10), ring, {"nccl_tcp": tcp_spread((0.3, 0.9))}, error=0.0
     )
     link = {end: p.terms["busiest link"] for end, p in zip("lmh", (iv.low, iv.middle, iv.high), strict=True)}
     assert link == pytest.approx({"l": 150 * MB / 0.375e9, "m": 150 * MB / 0.75e9, "h": 150 * MB / 1.125e9})
@@ -55,22 +55,26 @@ def test_the_width_is_named_after_the_constant_that_moves_the_efficiency_most():
     # moves 1.4 ms of bytes.
     tiny = cost.Strategy(cost.ALLREDUCE, bucket_bytes=4096, transport=transports.NCCL_TCP)
     spreads = {"nccl_tcp": tcp_spread((0.5, 0.7), (1e-3,))}
-    iv = interval.predict(model(dense=1 * MB, tensors=1000), cost.Shape(hosts=8, link_gbit=10), tiny, spreads)
+    iv = interval.predict(
+        model(dense=1 * MB, tensors=1000), cost.Shape(hosts=8, link_gbit=10), tiny, spreads, error=0.0
+    )
     assert iv.driver == "nccl_tcp cost per message or hop 9.6 us-1.00 ms"
     assert iv.low.terms["latency in path"] == pytest.approx(245 * 14 * 1e-3)
     # One large bucket of 100 MB: the bytes, not 14 hops, set the width.
     big = cost.Strategy(cost.ALLREDUCE, bucket_bytes=2**30, transport=transports.NCCL_TCP)
-    iv = interval.predict(model(), cost.Shape(hosts=8, link_gbit=10), big, spreads)
+    iv = interval.predict(model(), cost.Shape(hosts=8, link_gbit=10), big, spreads, error=0.0)
     assert iv.driver == "nccl_tcp link share 0.50-0.70"
 
 
 def test_no_spread_leaves_a_point():
     ring = cost.Strategy(cost.ALLREDUCE, transport=transports.NCCL_TCP)
-    iv = interval.predict(model(), cost.Shape(hosts=4), ring, {})
+    iv = interval.predict(model(), cost.Shape(hosts=4), ring, {}, error=0.0)
     assert iv.low == iv.middle == iv.high and iv.driver == ""
     # A compute-bound layout: every constant spreads, none moves it.
     slow = model(dense=1 * MB, step=10.0)
-    iv = interval.predict(slow, cost.Shape(hosts=2, link_gbit=100), ring, {"nccl_tcp": tcp_spread((0.9,))})
+    iv = interval.predict(
+        slow, cost.Shape(hosts=2, link_gbit=100), ring, {"nccl_tcp": tcp_spread((0.9,))}, error=0.0
+    )
     assert iv.low.efficiency == pytest.approx(iv.high.efficiency, abs=1e-3) and iv.driver == ""
 
 
@@ -78,7 +82,7 @@ def test_grpc_with_no_transport_named_keeps_the_constants_as_its_middle():
     # The middle of a strategy naming no transport is the constants' gRPC; the spread gives the ends.
     shape = cost.Shape(hosts=2, ps=2, link_gbit=1)
     spread = Spread(transports.GRPC, {SHARE: (Point(0.5, "test"),)})
-    iv = interval.predict(model(), shape, cost.Strategy(overlap=True), {cost.GRPC: spread}, NO_CPU)
+    iv = interval.predict(model(), shape, cost.Strategy(overlap=True), {cost.GRPC: spread}, NO_CPU, error=0.0)
     assert iv.middle == cost.predict(model(), shape, cost.Strategy(overlap=True), NO_CPU)
     assert iv.low.terms["busiest link"] == pytest.approx(iv.middle.terms["busiest link"] * 0.95 / 0.5)
 
@@ -89,7 +93,7 @@ def test_the_ps_ceiling_spreads_only_layouts_with_a_ps():
     grpc = Spread(transports.GRPC, {transports.PS_CORES: (Point(0.7, "test"), Point(2.8, "test"))})
     shape = cost.Shape(hosts=8, ps=1, ps_hosts=cost.DEDICATED, link_gbit=100)
     sync = cost.Strategy(cost.SYNC_PS)
-    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc})
+    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc}, error=0.0)
     work = 8 * (2 * 1.4e-3 * 100 + 2 * cost.DEFAULTS.per_message_s)
     ceiling = {end: p.terms["PS CPU"] for end, p in zip("lmh", (iv.low, iv.middle, iv.high), strict=True)}
     assert ceiling == pytest.approx({"l": work / 0.7, "m": work / 1.4, "h": work / 2.8})
@@ -97,12 +101,60 @@ def test_the_ps_ceiling_spreads_only_layouts_with_a_ps():
     assert iv.middle == cost.predict(model(tensors=1), shape, sync)
     # No PS ceiling in the constants: nothing to spread. A ring has no PS: the ceiling moves nothing.
     loose = cost.Constants(ps_cores=None)
-    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc}, loose)
+    iv = interval.predict(model(tensors=1), shape, sync, {cost.GRPC: grpc}, loose, error=0.0)
     assert iv.low.efficiency == iv.middle.efficiency == iv.high.efficiency and iv.driver == ""
     ring = interval.predict(
-        model(), cost.Shape(hosts=4, link_gbit=10), cost.Strategy(cost.ALLREDUCE), {cost.GRPC: grpc}
+        model(),
+        cost.Shape(hosts=4, link_gbit=10),
+        cost.Strategy(cost.ALLREDUCE),
+        {cost.GRPC: grpc},
+        error=0.0,
     )
     assert ring.low.efficiency == ring.middle.efficiency == ring.high.efficiency and ring.driver == ""
+
+
+def test_the_planner_s_own_error_is_a_conformal_quantile_of_its_errors():
+    # n = 9 errors: the ceil(10 x 0.8) = 8th smallest |error|; n = 3: ceil(3.2) = 4 > 3, the largest.
+    errors = [0.01, -0.02, 0.03, -0.04, 0.05, -0.06, 0.07, -0.5, 2.0]
+    assert interval.conformal_error(errors) == 0.5
+    assert interval.conformal_error([0.1, -0.3, 0.2]) == 0.3
+    with pytest.raises(ValueError):
+        interval.conformal_error([])
+    # Each end at least the error from the middle (|middle / end - 1| = error), the high end stopping at 1.
+    assert interval.widen((0.5, 0.6, 0.9), 0.2) == pytest.approx((0.5, 0.6, 0.9))  # the spread is wider
+    assert interval.widen((0.59, 0.6, 0.61), 0.2) == pytest.approx((0.5, 0.6, 0.75))
+    assert interval.widen((0.95, 0.96, 0.97), 0.2) == pytest.approx((0.8, 0.96, 1.0))
+    # Above 1, not past the middle.
+    assert interval.widen((1.1, 1.2, 1.3), 0.2) == pytest.approx((1.0, 1.2, 1.3))
+
+
+def test_the_planner_s_own_error_widens_a_narrow_range_and_is_named_where_it_drives_the_width():
+    # A compute-bound ring: the link share moves the efficiency by little, the planner's error by more.
+    ring = cost.Strategy(cost.ALLREDUCE, transport=transports.NCCL_TCP)
+    shape = cost.Shape(hosts=4, link_gbit=100)
+    spreads = {"nccl_tcp": tcp_spread((0.5, 0.7))}
+    bare = interval.predict(model(dense=1 * MB), shape, ring, spreads, error=0.0)
+    iv = interval.predict(model(dense=1 * MB), shape, ring, spreads, error=0.2)
+    assert iv.middle == bare.middle
+    mid = iv.middle.efficiency
+    assert iv.low.efficiency == pytest.approx(mid / 1.2) and iv.high.efficiency == pytest.approx(
+        min(mid / 0.8, 1)
+    )
+    assert iv.low.examples_per_sec == pytest.approx(iv.middle.examples_per_sec / 1.2)
+    assert (
+        iv.driver == interval.model_error_label(0.2) == "the planner's own error on its calibration runs, 20%"
+    )
+    # A wide spread keeps its driver, and says which end the error moved.
+    wide = interval.predict(
+        model(), cost.Shape(hosts=4, link_gbit=10), ring, {"nccl_tcp": tcp_spread((0.1, 0.61))}
+    )
+    assert wide.driver.startswith("nccl_tcp link share 0.10-0.61")
+    assert wide.driver.endswith("; the high end from " + interval.model_error_label(interval.MODEL_ERROR))
+    # Without an error given, the planner's own (MODEL_ERROR); with none (0.0), the spread alone.
+    assert interval.predict(model(dense=1 * MB), shape, ring, spreads).driver == interval.model_error_label(
+        interval.MODEL_ERROR
+    )
+    assert interval.predict(model(dense=1 * MB), shape, ring, {}, error=0.0).driver == ""
 
 
 def test_the_ps_ceiling_points_are_the_published_rates_at_the_middle_cpu_per_mb():
@@ -282,7 +334,10 @@ def test_plan_with_a_link_file_uses_its_rate_latency_and_constants(tmp_path):
     assert (
         cluster["link_gbit"] == 0.1 and cluster["latency_ms"] == 0.03
     )  # the file's, not the flags' defaults
-    assert plan["prediction"]["interval"]["width_from"].startswith("grpc")
+    # Links measured this narrowly leave the planner's own error as the width.
+    iv = plan["prediction"]["interval"]
+    assert iv["width_from"] == interval.model_error_label(interval.MODEL_ERROR), iv
+    assert iv["low"] == pytest.approx(iv["middle"] / (1 + interval.MODEL_ERROR))
     # Flags given explicitly win over the file.
     done = _plan(*common, f"--link_file={path}", "--link_gbit=10", f"--out={tmp_path / 'plan10.json'}")
     assert json.loads((tmp_path / "plan10.json").read_text())["prediction"]["cluster"]["link_gbit"] == 10
