@@ -1,12 +1,13 @@
-"""A prediction as a range: the least and most favourable environment of its transport, and the middle.
+"""A prediction as a range: the least and most favourable environment of its transport, the planner's own
+error, and the middle.
 
 `predict` runs the cost model three times: with every constant of the
 strategy's transport at its middle (`cost.predict` as it is), at its
 pessimistic end, and at its optimistic end (`transports.Spread`). It then
 moves each constant alone from one end to the other and names the one that
-moves the efficiency most: what drives the width. The ends are the
-environments found, not a statistical interval: a cluster whose links fall
-outside them can land outside too (measure the links: `plan.links`).
+moves the efficiency most: what drives the width. The spread's ends are
+the environments found: a cluster whose links fall outside them can land
+outside too (measure the links: `plan.links`).
 
 `Constants.ps_cores`, the PS process's ceiling, is spread beside gRPC's
 constants (`transports.PS_CORES`): it moves only layouts with a PS. What it
@@ -164,7 +165,7 @@ def with_error(iv: Interval, error: float) -> Interval:
     The driver names the error where its width exceeds the spread's; otherwise the spread's constant,
     and which end the error moved, if any.
     """
-    if not error:
+    if not error or iv.middle.efficiency <= 0:
         return iv
     ends = widen((iv.middle.efficiency,) * 3, error)
     own_low, own_high = _scaled(iv.middle, ends[0] / ends[1]), _scaled(iv.middle, ends[2] / ends[1])

@@ -13,7 +13,8 @@ one host as published; no held-out
 row was used to choose anything: its errors and coverage are computed, not
 fitted. Every row is predicted as an interval (`plan.interval`) from the
 spread of its transport's published environments (`plan.transports`),
-micro-benchmarks and vendor figures, not any run here.
+micro-benchmarks and vendor figures, not any run here, and at least the
+planner's own error on the calibration rows (`interval.MODEL_ERROR`).
 """
 
 from __future__ import annotations
