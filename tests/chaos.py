@@ -29,6 +29,12 @@ from disttrain.local import LocalCluster, LogFollower
 _RESUMED = re.compile(r"(?:adopting the PS tasks' live state at global step (\d+)|restoring \S*ckpt-(\d+))")
 _TIME = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
 _FINISHED = re.compile(r"finished: \d+ local steps to global step (\d+)")
+# The lines of a task's log that tell a soak's story (see Report.story).
+_STORY = re.compile(
+    r"preempt|exiting|input position|reads its new share|adopting|restoring|finished:|recover|lost|"
+    r"Traceback|error",
+    re.IGNORECASE,
+)
 
 
 @dataclasses.dataclass
@@ -47,6 +53,9 @@ class Report:
     codes: dict[str, int]
     went_back_without_restore: list[tuple[int, int]]  # (step, next logged step)
     final_step: int
+    # What each task said about preemption, restores, input positions and its end, in time order:
+    # a failed soak's story, since its logs are gone with CI's machine.
+    story: list[str] = dataclasses.field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [
@@ -60,6 +69,9 @@ class Report:
             )
         back = self.went_back_without_restore
         lines.append(f"  global step monotone except at restores: {'yes' if not back else back}")
+        if self.story:
+            lines.append("  the tasks' story:")
+            lines.extend(f"    {line}" for line in self.story)
         return "\n".join(lines)
 
 
@@ -188,10 +200,15 @@ def soak(
 
 @dataclasses.dataclass
 class IdsRead:
-    """How often each id of a user-data soak was trained on: once, more (repeated), never (lost)."""
+    """How often each id of a user-data soak was trained on: once, more (repeated), never (lost).
+
+    `readers`: for each id read more than once, the files (one per reading process) that read it,
+    so that a failure says whether a restarted process or the same one read again.
+    """
 
     counts: collections.Counter
     total: int
+    readers: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def once(self) -> int:
@@ -206,21 +223,41 @@ class IdsRead:
     def lost(self) -> list[int]:
         return sorted(set(range(self.total)) - set(self.counts))
 
+    def repeated_runs(self) -> list[tuple[int, int, list[str]]]:
+        """Runs of consecutive repeated ids read by the same files: (first id, last id, files)."""
+        runs: list[tuple[int, int, list[str]]] = []
+        for i in sorted(self.readers):
+            if runs and runs[-1][1] == i - 1 and runs[-1][2] == self.readers[i]:
+                runs[-1] = (runs[-1][0], i, runs[-1][2])
+            else:
+                runs.append((i, i, self.readers[i]))
+        return runs
+
     def __str__(self) -> str:
         more = sum(1 for n in self.counts.values() if n > 1)
-        return (
+        lines = [
             f"ids: {self.total}, read once {self.once}, repeated reads {self.repeated} "
             f"(ids read more than once: {more}), lost {len(self.lost)}"
-        )
+        ]
+        runs = self.repeated_runs()
+        for first, last, files in runs[:10]:
+            lines.append(f"  ids {first}-{last} read by {', '.join(files)}")
+        if len(runs) > 10:
+            lines.append(f"  ... {len(runs) - 10} more runs of repeated ids")
+        return "\n".join(lines)
 
 
 def ids_read(directory: str, total: int) -> IdsRead:
     """The ids the script recorded (one per line, in any number of files in `directory`)."""
     counts: collections.Counter = collections.Counter()
-    for name in os.listdir(directory):
+    readers: dict[int, list[str]] = collections.defaultdict(list)
+    for name in sorted(os.listdir(directory)):
         with open(os.path.join(directory, name)) as f:
-            counts.update(int(x) for x in f.read().split())
-    return IdsRead(counts, total)
+            ids = [int(x) for x in f.read().split()]
+        counts.update(ids)
+        for i in ids:
+            readers[i].append(name)
+    return IdsRead(counts, total, {i: files for i, files in readers.items() if len(files) > 1})
 
 
 def _report(cluster: LocalCluster, faults: list[Fault], logdir: str, codes: dict) -> Report:
@@ -228,4 +265,26 @@ def _report(cluster: LocalCluster, faults: list[Fault], logdir: str, codes: dict
     back = account(faults, events)
     results = read_results(logdir)
     final = max((r["global_step"] for r in results.values()), default=0)
-    return Report(faults, dict(cluster.restarts), codes, back, final)
+    return Report(faults, dict(cluster.restarts), codes, back, final, story(cluster))
+
+
+def story(cluster: LocalCluster, limit: int = 80) -> list[str]:
+    """Every task's lines that match _STORY, each after its task's name, in the order of their clocks.
+
+    A line without a clock (an exit's one-line error) keeps the clock of the line before it.
+    """
+    told = []
+    for task in cluster.tasks:
+        try:
+            with open(task.log_path, errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        clock = "00:00:00"
+        for n, line in enumerate(lines):
+            if m := _TIME.match(line):
+                clock = line[: m.end() - 1]
+            if _STORY.search(line):
+                told.append((clock, task.name, n, f"{task.name}: {line.strip()[:200]}"))
+    told.sort()
+    return [line for *_, line in told[-limit:]]
