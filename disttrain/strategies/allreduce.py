@@ -318,77 +318,102 @@ class SyncAllReduce(Strategy):
         """The step's gradients summed over the group: (the mean gradients, the group's towers with
         data or None, the step's vote to run with it or None).
 
-        Every step with uneven inputs (Join) votes first: its count divides
-        the sums. Without, the preemption flag is voted in a run's first step.
+        Every step with uneven inputs (Join) votes: the group's count of towers
+        with data divides the sums. Without, the preemption flag is voted in a
+        run's first step. The vote rides in the step's first gradient bucket
+        (two more numbers in its all-reduce, not a collective of its own) where
+        there is one to ride in.
         """
-        contributed, vote = None, None
         joined = self.data_weight is not None
-        if joined:  # the group's count first: every mean divides by it
-            vote = self._build_vote(self.data_weight)
-            contributed = vote[1] * self.group_size
-        grads_and_vars = self._all_reduced(grads_and_vars, contributed)
-        if not joined and first_step:
-            vote = self._build_vote(None)
-        return grads_and_vars, contributed, vote
-
-    def _build_vote(self, data_weight: tf.Tensor | None) -> tf.Tensor:
-        """A step's small all-reduce: [this replica's preemption flag, its towers with data]; its mean.
-
-        The mean over the group is [> 0 if any replica is being preempted, the
-        group's towers with data / N]. Every step of a run feeds the same flag
-        (`_vote`: the flag and the run's first step's mean).
-        """
+        if not joined and not first_step:
+            return self._all_reduced(grads_and_vars), None, None
         with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
-            if self._vote is None:
-                flag = v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
-            else:
-                flag = self._vote[0]
-            weight = tf.constant(0.0) if data_weight is None else data_weight
-            (anywhere,) = all_reduce_mean(
-                [tf.stack([flag, weight])], self.group_size, 4, instance_keys=self._keys
+            flag = (
+                v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
+                if self._vote is None
+                else self._vote[0]
             )
-            if self._vote is None:
-                self._vote = (flag, anywhere)
-            return anywhere
+            ballot = tf.stack([flag, self.data_weight if joined else tf.constant(0.0)])
+        if not self._can_ride(grads_and_vars):
+            anywhere = self._vote_alone(ballot)
+            contributed = anywhere[1] * self.group_size if joined else None
+            grads_and_vars = self._all_reduced(grads_and_vars, contributed)
+        else:
+            grads_and_vars, anywhere = self._all_reduced(grads_and_vars, joined=joined, ballot=ballot)
+            contributed = anywhere[1] * self.group_size if joined else None
+        if self._vote is None:
+            self._vote = (flag, anywhere)
+        return grads_and_vars, contributed, anywhere
 
-    def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None):
+    def _can_ride(self, grads_and_vars) -> bool:
+        """A float32 gradient all-reduced densely to carry the vote, and its counts exact in the transfer
+        type (16-bit floats hold integers exactly up to 256 at least)."""
+        dense32 = any(
+            g is not None and g.dtype == tf.float32 and not self._as_rows(g, v) for g, v in grads_and_vars
+        )
+        exact = self.transfer_dtype is None or self.group_size * max(len(self.compute_devices), 1) <= 256
+        return dense32 and exact
+
+    def _vote_alone(self, ballot: tf.Tensor) -> tf.Tensor:
+        """The vote in an all-reduce of its own (no float32 gradient to ride in): the group's mean of
+        [preemption flag, towers with data] = [> 0 if any replica is being preempted, towers / N]."""
+        with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
+            (anywhere,) = all_reduce_mean([ballot], self.group_size, 4, instance_keys=self._keys)
+        return anywhere
+
+    def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None = None, joined=False, ballot=None):
         """The gradients summed over the group and divided by the towers that contributed.
 
-        Without Join (`contributed` None) by the group's size, as a mean of
-        every replica's (tower-averaged) gradient; with Join each replica
-        sends its gradient times its towers with data, and the sum is divided
-        by the group's count of them (at least 1).
+        Without Join (`contributed` None, not `joined`) by the group's size, as
+        a mean of every replica's (tower-averaged) gradient; with Join each
+        replica sends its gradient times its towers with data, and the sum is
+        divided by the group's count of them (at least 1): `contributed`, or,
+        with a `ballot` ([flag, towers with data]), the count the ballot
+        carries in the first bucket, beside the gradients. With a ballot:
+        (the gradients, the ballot's mean over the group).
         """
         grads = [self._dense_or_rows(g, v) for g, v in grads_and_vars]
-        if contributed is not None:
+        if contributed is not None or joined:
             with tf.device(self.compute_devices[0]), tf.name_scope("join_weight"):
                 grads = [sparse.scaled(g, self.data_weight) for g in grads]
-                contributed = tf.maximum(contributed, 1.0)
         dense = [i for i, g in enumerate(grads) if not sparse.is_sparse(g)]
         rows = [i for i, g in enumerate(grads) if sparse.is_sparse(g)]
-        common = dict(
-            transfer_dtype=self.transfer_dtype,
-            instance_keys=self._keys,
-            communication_hint=self.communication_hint,
-            divisor=contributed,
-        )
-
-        def reduce_dense(tensors, setting: tuning.Setting, keys):
-            return all_reduce_mean(
-                tensors,
-                self.group_size,
-                setting.bucket_bytes,
-                max_subdivs=setting.max_subdivs,
-                **{**common, "instance_keys": keys},
+        # Buckets start from the end of the list (where backprop starts): the ballot, last, is in the first.
+        dense_grads = [grads[i] for i in dense] + ([ballot] if ballot is not None else [])
+        with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
+            if joined and ballot is not None:  # sums, divided below by the count the ballot carries
+                divisor = tf.constant(1.0)
+            else:
+                divisor = None if contributed is None else tf.maximum(contributed, 1.0)
+            common = dict(
+                transfer_dtype=self.transfer_dtype,
+                instance_keys=self._keys,
+                communication_hint=self.communication_hint,
+                divisor=divisor,
             )
 
-        dense_grads = [grads[i] for i in dense]
-        with tf.device(self.compute_devices[0]), tf.name_scope("allreduce"):
+            def reduce_dense(tensors, setting: tuning.Setting, keys):
+                return all_reduce_mean(
+                    tensors,
+                    self.group_size,
+                    setting.bucket_bytes,
+                    max_subdivs=setting.max_subdivs,
+                    **{**common, "instance_keys": keys},
+                )
+
             if self.tuner is not None:
                 reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys, self.step_in_run == 0)
             else:
                 configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
                 reduced = reduce_dense(dense_grads, configured, self._keys)
+            anywhere = None
+            if ballot is not None:
+                anywhere = reduced.pop()
+                if joined:  # sums: [flags, towers with data]; the count divides every sum
+                    count = tf.maximum(anywhere[1], 1.0)
+                    reduced = [g / tf.cast(count, g.dtype) for g in reduced]
+                    common["divisor"] = count
+                    anywhere = anywhere / self.group_size
             gathered = all_gather_mean(
                 [grads[i] for i in rows],
                 self.group_size,
@@ -397,7 +422,8 @@ class SyncAllReduce(Strategy):
             )
         for i, g in zip(dense + rows, reduced + gathered, strict=True):
             grads[i] = g
-        return [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
+        out = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
+        return out if ballot is None else (out, anywhere)
 
     @property
     def votes_on_preemption(self) -> bool:
@@ -405,9 +431,13 @@ class SyncAllReduce(Strategy):
         wait for it); every step carries its flag, and all stop after the step that carried one."""
         return self._vote is not None
 
+    def _as_rows(self, grad, var) -> bool:
+        """A sparse gradient of a table larger than densify_below_bytes travels as rows."""
+        return sparse.is_sparse(grad) and var.shape.num_elements() * var.dtype.size > self.densify_below_bytes
+
     def _dense_or_rows(self, grad, var):
-        """How a gradient travels: rows (a sparse one of a table larger than densify_below_bytes) or dense."""
-        if sparse.is_sparse(grad) and var.shape.num_elements() * var.dtype.size > self.densify_below_bytes:
+        """How a gradient travels: rows (`_as_rows`) or dense."""
+        if self._as_rows(grad, var):
             return grad
         grad = tf.convert_to_tensor(grad)
         return grad if grad.shape.is_fully_defined() else tf.reshape(grad, var.shape)

@@ -164,7 +164,7 @@ def test_allreduce_sums_no_table_densely():
         for op in graph.get_operations()
         if op.type == "CollectiveReduceV2" and "preemption_vote" not in op.name
     )
-    assert reduced == DIM  # w's gradient alone (beside the one-float preemption vote)
+    assert reduced == DIM + 2  # w's gradient alone, and the step's vote riding beside it
     assert [op for op in graph.get_operations() if op.type == "CollectiveGather"]
 
 

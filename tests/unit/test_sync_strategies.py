@@ -140,7 +140,7 @@ def test_16_bit_rows_are_gathered_and_averaged_as_rows(tf_dtype):
 
 
 def gradient_collectives(graph):
-    """The all-reduces of gradients (not the one-float preemption vote each step carries)."""
+    """The all-reduces of gradients (not a vote in an all-reduce of its own, where one is made)."""
     return [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" not in op.name]
 
 
@@ -155,9 +155,33 @@ def test_16_bit_transfer_halves_the_bytes_given_to_the_collectives():
     for transfer in (None, "float16", "bfloat16"):
         graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256, transfer_dtype=transfer))
         sizes[transfer] = collective_input_bytes(graph)
-    model_bytes = 4 * (8 * 16 + 16 + 16 * 4 + 4)
+    # The model's gradients and the step's vote (a preemption flag and a count), riding in a bucket.
+    model_bytes = 4 * (8 * 16 + 16 + 16 * 4 + 4 + 2)
     assert sizes[None] == model_bytes
     assert sizes["float16"] == sizes["bfloat16"] == model_bytes // 2
+
+
+def test_the_vote_rides_in_the_first_gradient_bucket_not_a_collective_of_its_own():
+    graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256))
+    reduces = ops_of(graph, "CollectiveReduceV2")
+    assert reduces and not [op for op in reduces if "preemption_vote" in op.name]
+    (flag,) = [op for op in graph.get_operations() if op.name.endswith("preempted_here")]
+    first = min(reduces, key=lambda op: int(tf.get_static_value(op.inputs[3])))  # the first instance key
+    # The flag reaches the first bucket's collective (through the stacked ballot and the bucket's concat).
+    seen, frontier = set(), [first]
+    while frontier:
+        op = frontier.pop()
+        seen.add(op)
+        frontier += [t.op for t in op.inputs if t.op not in seen]
+    assert flag in seen
+
+
+def test_a_vote_whose_counts_16_bits_cannot_hold_is_an_all_reduce_of_its_own_in_float32():
+    # 300 replicas: a sum of flags or of towers up to 300, past the integers 16-bit floats hold exactly.
+    many = Cluster.from_hosts("worker", 1, (), [f"w{i}:1" for i in range(299)], chief_host="c:1")
+    graph, _ = build(SyncAllReduce(many, bucket_bytes=256, transfer_dtype="bfloat16"))
+    (vote,) = [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" in op.name]
+    assert vote.inputs[0].shape.num_elements() == 2 and vote.inputs[0].dtype == tf.float32
 
 
 # ---- SyncAllReduce graphs ---------------------------------------------------------------
@@ -450,8 +474,7 @@ def test_sync_ps_local_applies_directly():
 def test_all_reduce_steps_carry_a_preemption_vote_and_a_flag_stops_every_replica():
     strategy = SyncAllReduce(chief_cluster("worker", 0))
     graph, _ = build(strategy)
-    (vote,) = [op for op in ops_of(graph, "CollectiveReduceV2") if "preemption_vote" in op.name]
-    assert vote.inputs[0].shape.num_elements() == 2  # the preemption flag and the towers with data
+    assert [op for op in graph.get_operations() if op.name.endswith("preempted_here")]
     assert strategy.votes_on_preemption
     assert "_PreemptionVote" in [type(h).__name__ for h in strategy.hooks()]
     alone = SyncAllReduce(Cluster.local())
