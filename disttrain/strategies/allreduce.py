@@ -326,7 +326,7 @@ class SyncAllReduce(Strategy):
         """
         joined = self.data_weight is not None
         if not joined and not first_step:
-            return self._all_reduced(grads_and_vars), None, None
+            return self._all_reduced(grads_and_vars)[0], None, None
         with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
             flag = (
                 v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
@@ -337,9 +337,9 @@ class SyncAllReduce(Strategy):
         if not self._can_ride(grads_and_vars):
             anywhere = self._vote_alone(ballot)
             contributed = anywhere[1] * self.group_size if joined else None
-            grads_and_vars = self._all_reduced(grads_and_vars, contributed)
+            grads_and_vars, _ = self._all_reduced(grads_and_vars, contributed)
         else:
-            grads_and_vars, anywhere = self._all_reduced(grads_and_vars, joined=joined, ballot=ballot)
+            grads_and_vars, anywhere = self._all_reduced(grads_and_vars, ballot=ballot)
             contributed = anywhere[1] * self.group_size if joined else None
         if self._vote is None:
             self._vote = (flag, anywhere)
@@ -361,19 +361,20 @@ class SyncAllReduce(Strategy):
             (anywhere,) = all_reduce_mean([ballot], self.group_size, 4, instance_keys=self._keys)
         return anywhere
 
-    def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None = None, joined=False, ballot=None):
+    def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None = None, ballot=None):
         """The gradients summed over the group and divided by the towers that contributed.
 
-        Without Join (`contributed` None, not `joined`) by the group's size, as
-        a mean of every replica's (tower-averaged) gradient; with Join each
-        replica sends its gradient times its towers with data, and the sum is
-        divided by the group's count of them (at least 1): `contributed`, or,
-        with a `ballot` ([flag, towers with data]), the count the ballot
-        carries in the first bucket, beside the gradients. With a ballot:
-        (the gradients, the ballot's mean over the group).
+        Without Join by the group's size, as a mean of every replica's
+        (tower-averaged) gradient; with Join each replica sends its gradient
+        times its towers with data, and the sum is divided by the group's count
+        of them (at least 1): `contributed`, or, with a `ballot` ([flag, towers
+        with data]), the count the ballot carries in the first bucket, beside
+        the gradients. Returns (the gradients, the ballot's mean over the group
+        or None without a ballot).
         """
+        joined = self.data_weight is not None
         grads = [self._dense_or_rows(g, v) for g, v in grads_and_vars]
-        if contributed is not None or joined:
+        if joined:
             with tf.device(self.compute_devices[0]), tf.name_scope("join_weight"):
                 grads = [sparse.scaled(g, self.data_weight) for g in grads]
         dense = [i for i, g in enumerate(grads) if not sparse.is_sparse(g)]
@@ -422,8 +423,7 @@ class SyncAllReduce(Strategy):
             )
         for i, g in zip(dense + rows, reduced + gathered, strict=True):
             grads[i] = g
-        out = [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)]
-        return out if ballot is None else (out, anywhere)
+        return [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)], anywhere
 
     @property
     def votes_on_preemption(self) -> bool:
