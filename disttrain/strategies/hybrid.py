@@ -55,6 +55,12 @@ class SyncHybrid(SyncParameterServer):
     transfer_dtype: both halves' (the ring's buckets; the rows read from the
     PS and their gradients), as the two strategies take it.
     piece_bytes: the tables' pieces, as `SyncParameterServer` takes them.
+    densify_below_bytes: a table of at most this many bytes stays on the
+      workers with the dense variables and its gradient is summed densely in
+      the ring's buckets, as `SyncAllReduce` sums it (256 KiB by default).
+      On the PS it would cost a step a lookup and a push per table for a few
+      rows (DLRM's 26 tables include 11 of at most 633 rows). 0 puts every
+      table on the PS.
 
     One increment of the global step consumes N x batch x towers examples.
     Every task's server and session must use `session_config()` (it names
@@ -70,7 +76,7 @@ class SyncHybrid(SyncParameterServer):
     dense_over_ring = True
     synchronous = True
     uses_ps = True
-    knobs = ("bucket_bytes", "transfer_dtype", "communication_hint", "piece_bytes")
+    knobs = ("bucket_bytes", "transfer_dtype", "communication_hint", "piece_bytes", "densify_below_bytes")
     recovers_in_process = False
     adopts_live_ps_state = False
     closes_with_every_replica = True
@@ -86,6 +92,7 @@ class SyncHybrid(SyncParameterServer):
         transfer_dtype: str | None = None,
         communication_hint: str = "auto",
         piece_bytes: int | None = None,
+        densify_below_bytes: int = 2**18,
     ):
         # The tables' half sends rows and their gradients in `transfer_dtype` too.
         super().__init__(cluster, 0, num_towers, max_imbalance, piece_bytes, transfer_dtype=transfer_dtype)
@@ -96,7 +103,9 @@ class SyncHybrid(SyncParameterServer):
             transfer_dtype=transfer_dtype,
             num_towers=self.num_towers,
             communication_hint=communication_hint,
+            densify_below_bytes=densify_below_bytes,
         )
+        self.densify_below_bytes = self.ring.densify_below_bytes
         self.bucket_bytes, self.communication_hint = bucket_bytes, communication_hint
         self._table_optimizer = None  # the tables' update's own optimizer (made by apply_gradients)
 
@@ -104,7 +113,11 @@ class SyncHybrid(SyncParameterServer):
 
     def plan_from(self, specs) -> placement.Plan | None:
         """The plan of the tables alone over the PS tasks; every other variable stays on the worker."""
-        return super().plan_from([s for s in specs if s.table])
+        return super().plan_from([s for s in specs if self._on_tables_ps(s.table, s.nbytes)])
+
+    def _on_tables_ps(self, table: bool, nbytes: int) -> bool:
+        """Whether a variable lives on the PS tasks: a table larger than densify_below_bytes."""
+        return table and nbytes > self.densify_below_bytes
 
     @contextlib.contextmanager
     def scope(self):
@@ -118,14 +131,17 @@ class SyncHybrid(SyncParameterServer):
         return self.compute_devices[0]
 
     def place_remaining(self, global_step) -> None:
-        """Tables the plan did not know (Keras' Embedding: found by their gathers) go whole to the PS."""
+        """Tables the plan did not know (Keras' Embedding: found by their gathers) go whole to the PS.
+
+        Only tables larger than densify_below_bytes: a smaller one stays with the dense variables.
+        """
         if not self.cluster.num_ps:
             return
         tables = [
             part.op
             for var in v1.global_variables()
             for part in placement.variable_parts(var)
-            if placement.is_table(part.op) and not _on_ps(part)
+            if not _on_ps(part) and self._on_tables_ps(placement.is_table(part.op), _nbytes(part))
         ]
         loads = self.plan.loads if self.plan is not None else ()
         if tables:
@@ -249,6 +265,10 @@ class SyncHybrid(SyncParameterServer):
 def _on_ps(var) -> bool:
     device = var.device if hasattr(var, "device") else ""
     return tf.DeviceSpec.from_string(device or "").job == "ps"
+
+
+def _nbytes(var) -> int:
+    return (var.shape.num_elements() or 0) * var.dtype.size
 
 
 def _own_state(optimizer):

@@ -5,7 +5,10 @@ tower) with seeded initial values trains with Adam (whose step powers the
 two halves must each keep once) in one process at 2 x BATCH, and under
 SyncHybrid on 2 PS + 2 workers at BATCH, each replica reading its half of
 every window of rows (as tests/cluster/test_correctness.py does). The
-tables, the dense weights and their Adam slots must agree. The hybrid's
+larger table lives on the PS tasks; the smaller (640 bytes, under the run's
+`densify_below_bytes`) stays on the workers and is summed densely over the
+ring with the dense weights. The tables, the dense weights and their Adam
+slots must agree. The hybrid's
 checkpoint then restores on 1 PS and in one process, which train on. Every
 run caps a replica's memory (`replica_memory_bytes`) below what all-reduce
 would hold, which is refused at start.
@@ -27,6 +30,8 @@ pytestmark = pytest.mark.cluster
 STEPS, BATCH = 60, 8
 
 SCRIPT = """
+import functools
+
 import disttrain
 
 import numpy as np
@@ -78,19 +83,21 @@ disttrain.fit(
     lambda: v1.train.AdamOptimizer(0.01),
     steps={steps},
     logdir="{logdir}",
-    strategy=disttrain.{strategy},
+    strategy={strategy},
     batch_size=BATCH,
     log_every_steps=20,
     save_checkpoint_steps=100000,
     replica_memory_bytes={cap},
 )
 """
-# A replica's own variables with Adam's slots: about 3 KB under the hybrid (the dense half), 19 KB
-# under all-reduce (the tables too, 300 x 4 and 40 x 4): this cap admits the one and not the other.
+# A replica's own variables with Adam's slots: about 5 KB under the hybrid (the dense half and the
+# 40 x 4 table), 19 KB under all-reduce (the 300 x 4 table too): this cap admits the one and not the other.
 CAP = 8000
+# The 300 x 4 table (4,800 bytes) on the PS, the 40 x 4 (640 bytes) with the dense half.
+HYBRID = "functools.partial(disttrain.SyncHybrid, densify_below_bytes=1000)"
 
 
-def run(tmp_path, name, logdir, num_ps, num_workers, batch, steps, strategy="SyncHybrid"):
+def run(tmp_path, name, logdir, num_ps, num_workers, batch, steps, strategy=HYBRID):
     """Run the script as every task of the cluster (or alone); every task's exit code and its logs.
 
     Replicas of a cluster run under CAP; one process alone holds everything, with no cap.
@@ -149,7 +156,7 @@ def test_the_hybrids_checkpoint_trains_on_with_one_ps_and_in_one_process(trained
 
 def test_all_reduce_is_refused_at_start_where_the_hybrid_fits_the_replicas_memory(trained):
     """The hybrid above trained under CAP; all-reduce, which holds every table on every replica, may not."""
-    codes, text = run(trained, "ring", trained / "ring_logdir", 0, 2, BATCH, STEPS, strategy="SyncAllReduce")
+    codes, text = run(trained, "ring", trained / "ring_logdir", 0, 2, BATCH, STEPS, strategy="disttrain.SyncAllReduce")
     assert codes == {"worker_0": EXIT_CONFIG, "worker_1": EXIT_CONFIG}, (codes, text)
     errors = [line for line in text.splitlines() if line.startswith("disttrain: error:")]
     assert len(errors) == 2 and all(f"over replica_memory_bytes={CAP}" in e for e in errors), errors

@@ -100,6 +100,7 @@ KNOBS = {
         "bucket_bytes": [1],
         "transfer_dtype": ["float32", "float16", "bfloat16"],
         "piece_bytes": [64],
+        "densify_below_bytes": [0],
         "num_towers": [2],
     },
 }

@@ -42,7 +42,7 @@ def devices(graph) -> dict[str, str]:
 
 
 def test_tables_live_on_the_ps_and_everything_else_on_the_replica():
-    graph = build(SyncHybrid(cluster()), model())
+    graph = build(SyncHybrid(cluster(), densify_below_bytes=0), model())
     where = devices(graph)
     tables = {name for name in where if "embedding" in name}
     assert tables and all(where[name] == "ps" for name in tables), where
@@ -59,6 +59,21 @@ def test_tables_live_on_the_ps_and_everything_else_on_the_replica():
     types = {op.type for op in graph.get_operations()}
     assert {"CollectiveReduceV2", "SparseConditionalAccumulator"} <= types
     assert "ConditionalAccumulator" not in types  # no dense gradient goes through the PS
+
+
+def test_a_table_of_at_most_densify_below_bytes_stays_with_the_dense_half():
+    """1000 x 8 floats (32,000 bytes) go to the PS; 50 x 8 and 20 x 8 stay and are summed in the ring."""
+    graph = build(SyncHybrid(cluster(), densify_below_bytes=2000), model())
+    where = devices(graph)
+    assert where["dlrm/embedding_0/table/part_0"] == where["dlrm/embedding_0/table/part_1"] == "ps"
+    assert where["dlrm/embedding_1/table"] == where["dlrm/embedding_2/table"] == "worker", where
+    accumulators = [op for op in graph.get_operations() if op.type == "SparseConditionalAccumulator"]
+    assert len(accumulators) == 2, [op.name for op in accumulators]  # embedding_0's two parts alone
+    # The small tables' gradients are dense in the ring's buckets: no row of theirs is all-gathered.
+    assert not [op for op in graph.get_operations() if op.type == "CollectiveGatherV2"]
+    # By default (256 KiB) every table of this model is that small: nothing of it lives on a PS.
+    where = devices(build(SyncHybrid(cluster()), model()))
+    assert {job for name, job in where.items() if "embedding" in name} == {"worker"}, where
 
 
 def test_a_replica_memory_cap_refuses_all_reduce_naming_the_table_and_admits_the_hybrid():
