@@ -68,7 +68,7 @@ byte of variables or rows pulled is matched by a byte of gradient pushed):
   on): (N-1)*R each way. In all: 2D(N-1)/N + (N-1)*R each way, 0 for N = 1.
   Unlike a dense all-reduce, the rows' share grows with N: past a few hosts
   the gathered rows, not the dense bytes, load the link. A table whose
-  gradient a strategy sends dense instead (SyncAllReduce does below
+  gradient a strategy sends dense instead (SyncAllReduce and SyncHybrid do below
   `densify_below_bytes`) moves as D, which R does not know.
 """
 
