@@ -156,7 +156,8 @@ def test_the_hybrids_checkpoint_trains_on_with_one_ps_and_in_one_process(trained
 
 def test_all_reduce_is_refused_at_start_where_the_hybrid_fits_the_replicas_memory(trained):
     """The hybrid above trained under CAP; all-reduce, which holds every table on every replica, may not."""
-    codes, text = run(trained, "ring", trained / "ring_logdir", 0, 2, BATCH, STEPS, strategy="disttrain.SyncAllReduce")
+    ring = "disttrain.SyncAllReduce"
+    codes, text = run(trained, "ring", trained / "ring_logdir", 0, 2, BATCH, STEPS, strategy=ring)
     assert codes == {"worker_0": EXIT_CONFIG, "worker_1": EXIT_CONFIG}, (codes, text)
     errors = [line for line in text.splitlines() if line.startswith("disttrain: error:")]
     assert len(errors) == 2 and all(f"over replica_memory_bytes={CAP}" in e for e in errors), errors

@@ -72,7 +72,8 @@ MODES = {
     "sync_ps_pieces": (SyncParameterServer, ps_cluster, {"piece_bytes": 65536}),
     "sync_ps_towers": (SyncParameterServer, ps_cluster, {"num_towers": 2}),
     "allreduce": (SyncAllReduce, ring_cluster, {"densify_below_bytes": 0}),
-    "hybrid": (SyncHybrid, ps_cluster, {"densify_below_bytes": 0}),  # the table's rows from its PS, the dense layers over the ring
+    # The table's rows from its PS (which it is with densify_below_bytes=0), the dense layers over the ring.
+    "hybrid": (SyncHybrid, ps_cluster, {"densify_below_bytes": 0}),
     "async_keras": (AsyncParameterServer, ps_cluster, {}),
     "async_overlap_keras": (AsyncParameterServer, ps_cluster, {"overlap": True}),
     "sync_ps_keras": (SyncParameterServer, ps_cluster, {}),
