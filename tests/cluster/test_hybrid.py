@@ -8,10 +8,10 @@ every window of rows (as tests/cluster/test_correctness.py does). The
 larger table lives on the PS tasks; the smaller (640 bytes, under the run's
 `densify_below_bytes`) stays on the workers and is summed densely over the
 ring with the dense weights. The tables, the dense weights and their Adam
-slots must agree. The hybrid's
-checkpoint then restores on 1 PS and in one process, which train on. Every
-run caps a replica's memory (`replica_memory_bytes`) below what all-reduce
-would hold, which is refused at start.
+slots must agree. The hybrid's checkpoint then restores on 1 PS and in one
+process, which train on. Every run caps a replica's memory
+(`replica_memory_bytes`) below what all-reduce would hold, which is refused
+at start.
 """
 
 from __future__ import annotations
