@@ -33,7 +33,7 @@ import copy
 import tensorflow as tf
 
 from disttrain import placement
-from disttrain.strategies import allreduce
+from disttrain.strategies import allreduce, waves
 from disttrain.strategies.allreduce import SyncAllReduce
 from disttrain.strategies.sync_ps import SyncParameterServer
 
@@ -141,7 +141,7 @@ class SyncHybrid(SyncParameterServer):
             part.op
             for var in v1.global_variables()
             for part in placement.variable_parts(var)
-            if not _on_ps(part) and self._on_tables_ps(placement.is_table(part.op), _nbytes(part))
+            if not _on_ps(part) and self._on_tables_ps(placement.is_table(part.op), waves.static_bytes(part))
         ]
         loads = self.plan.loads if self.plan is not None else ()
         if tables:
@@ -265,10 +265,6 @@ class SyncHybrid(SyncParameterServer):
 def _on_ps(var) -> bool:
     device = var.device if hasattr(var, "device") else ""
     return tf.DeviceSpec.from_string(device or "").job == "ps"
-
-
-def _nbytes(var) -> int:
-    return (var.shape.num_elements() or 0) * var.dtype.size
 
 
 def _own_state(optimizer):
