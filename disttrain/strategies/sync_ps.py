@@ -30,11 +30,12 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from typing import NamedTuple
 
 import tensorflow as tf
 
-from disttrain import preemption, tf_internals
+from disttrain import preemption, servers, tf_internals
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, transfer
 from disttrain.strategies.ps import PsStrategy
@@ -44,6 +45,9 @@ log = logging.getLogger("disttrain")
 
 _DONE_QUEUE = "disttrain_sync_done"
 _TOKEN_QUEUE = "disttrain_sync_token"
+# After a stop that is not the end, how long the aggregator goes on releasing the steps left in the
+# chief's run while no replica takes a token (a step slower than this ends by the watchdog, as before).
+_RELEASE_IDLE_SECS = 60.0
 
 
 class SyncParameterServer(PsStrategy):
@@ -239,6 +243,7 @@ class SyncParameterServer(PsStrategy):
                 current = global_step.read_value()
                 reset = tf.group(*[acc.accumulator.set_global_step(current) for acc, _ in accumulators])
                 release_ops = [q.enqueue(current) for q in tokens]
+                waiting_tokens = [q.size() for q in tokens]
                 with tf.control_dependencies([update]):
                     # Fetched together, these run the update once and then release.
                     update_and_release = [q.enqueue(global_step.read_value()) for q in tokens]
@@ -255,6 +260,7 @@ class SyncParameterServer(PsStrategy):
             nonce=nonce,
             wake=wake,
             release=release_ops,
+            tokens=waiting_tokens,
             update_and_release=update_and_release,
             close=close_ops,
             drain=drain,
@@ -266,8 +272,16 @@ class SyncParameterServer(PsStrategy):
         hooks = [_DrainOwnTokens(self._sync.drain)]
         if self.cluster.is_chief:
             n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
-            hooks.append(_Aggregator(self._sync, n, needed, last_step, every=self.closes_with_every_replica))
+            every = self.closes_with_every_replica
+            hooks.append(_Aggregator(self._sync, n, needed, last_step, every, self.steps_per_run))
         return hooks
+
+
+def _what_failed(error: Exception) -> str:
+    """TF's own status line of `error` and the op it failed at: its first line is only TF's framing."""
+    line = servers.first_error_line([str(error)]) or str(error).splitlines()[0]
+    op = getattr(error, "op", None)
+    return f"{line} (at {op.name})" if op is not None else line
 
 
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
@@ -298,6 +312,7 @@ class _SyncOps(NamedTuple):
     nonce: tf.Tensor  # placeholder: the tag of the aggregator a wake-up report is for
     wake: tf.Operation  # a wake-up report (replica -1) carrying the fed nonce
     release: list  # per replica: a token with no update (its report was stale)
+    tokens: list  # per replica: the tokens in its queue, not yet taken
     update_and_release: list  # per replica: a token after the one update (fetched together)
     close: list  # every token queue closed, pending enqueues cancelled
     drain: tf.Operation  # this replica's leftover tokens, thrown away
@@ -390,9 +405,10 @@ class _Aggregator(v1.train.SessionRunHook):
     outlives the chief on the PS, and a session recovered after a PS restart
     (the queues live with the global step, often on a PS that did not
     restart) or a restarted chief would find it closed. Every replica is
-    released instead: one left waiting would never see the stop (the chief's
-    own step waited for a token while its aggregator, stopped by a lost PS,
-    could no longer send one: the 20-minute soak hung there).
+    released instead, through every step left in the chief's run: one left
+    waiting would never see the stop (the chief's own step waited for a token
+    while its aggregator, stopped by a lost PS, could no longer send one: the
+    20-minute soak hung there).
 
     A report tagged `last_step` or later is released at once, with no update:
     with backup workers, a straggler released from a stale step can start one
@@ -417,10 +433,17 @@ class _Aggregator(v1.train.SessionRunHook):
     """
 
     def __init__(
-        self, ops: _SyncOps, num_replicas: int, needed: int, last_step: int | None = None, every: bool = False
+        self,
+        ops: _SyncOps,
+        num_replicas: int,
+        needed: int,
+        last_step: int | None = None,
+        every: bool = False,
+        steps_per_run: int = 1,
     ):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
-        self._every = every
+        self._every, self._steps_per_run = every, steps_per_run
+        self._in_run = threading.Event()  # the chief's main thread is inside a run of the train op
         self._threads: list[threading.Thread] = []
         self._closing = False  # set at the end of training: the token queues are being closed
         self.ended: set[int] = set()  # replicas whose input has ended (Join)
@@ -448,6 +471,12 @@ class _Aggregator(v1.train.SessionRunHook):
             session.run(self._ops.wake, feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not stop the sync aggregator: %s", str(e).splitlines()[0])
+
+    def before_run(self, run_context):
+        self._in_run.set()
+
+    def after_run(self, run_context, run_values):
+        self._in_run.clear()
 
     def end(self, session):
         if preemption.requested():
@@ -481,6 +510,32 @@ class _Aggregator(v1.train.SessionRunHook):
         log.info(f"sync aggregator: every replica's input has ended at global step {step}: training is over")
         self._close_queues(session)
         return True
+
+    def _release_the_rest_of_the_run(self, session) -> None:
+        """After a stop that is not the end: a token for each step left in the chief's run.
+
+        A run of k steps waits for a token in each of them, and the chief sees
+        the stop only once its run returns. So while it runs, a replica whose
+        queue is empty (it took its token) gets another, up to k in all: the
+        others' runs go on beside the chief's (under SyncHybrid its ring pairs
+        their steps). Those steps change nothing (no update closes them); a
+        spare token is drained when a session is created.
+        """
+        ops, given, options = self._ops, [1] * self._n, v1.RunOptions(timeout_in_ms=5000)
+        taken_at = time.monotonic()
+        while self._in_run.is_set() and min(given) < self._steps_per_run:
+            if time.monotonic() - taken_at > _RELEASE_IDLE_SECS:
+                log.warning("sync aggregator: the chief's run took no token for %.0f s", _RELEASE_IDLE_SECS)
+                return
+            empty = [r for r, n in enumerate(session.run(ops.tokens, options=options)) if n == 0]
+            empty = [r for r in empty if given[r] < self._steps_per_run]
+            if empty:
+                session.run([ops.release[r] for r in empty], options=options)
+                for r in empty:
+                    given[r] += 1
+                taken_at = time.monotonic()
+            else:
+                time.sleep(0.01)
 
     def _run(self, session, coord, nonce: int):
         ops = self._ops
@@ -524,7 +579,7 @@ class _Aggregator(v1.train.SessionRunHook):
         except Exception as e:  # noqa: BLE001 - handed to the coordinator, which re-raises it
             if not (coord.should_stop() or self._closing):
                 # Said here too: the coordinator re-raises it only once the chief's step returns.
-                log.warning("sync aggregator stopped: %s: %s", type(e).__name__, str(e).splitlines()[0])
+                log.warning("sync aggregator stopped: %s: %s", type(e).__name__, _what_failed(e))
                 coord.request_stop(e)
         finally:
             # Not the end of training: every replica waiting at its token (counted or not yet) is
@@ -534,6 +589,7 @@ class _Aggregator(v1.train.SessionRunHook):
             if not self._closing:
                 try:
                     session.run(ops.release, options=v1.RunOptions(timeout_in_ms=5000))
+                    self._release_the_rest_of_the_run(session)
                 except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
                     log.warning("could not release the waiting replicas: %s", str(e).splitlines()[0])
             log.info(

@@ -6,6 +6,8 @@ checked without a cluster.
 """
 
 import itertools
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import tensorflow as tf
 
 from disttrain.cluster import Cluster
 from disttrain.errors import ConfigError
+from disttrain.local import free_port
 from disttrain.strategies import SyncAllReduce, SyncParameterServer, allreduce, autotune
 from model_zoo.mlp import MLP
 
@@ -480,3 +483,47 @@ def test_all_reduce_steps_carry_a_preemption_vote_and_a_flag_stops_every_replica
     alone = SyncAllReduce(Cluster.local())
     build(alone)
     assert not alone.votes_on_preemption and not alone.hooks()  # nobody to tell
+
+
+def test_an_aggregator_that_stops_mid_run_lets_the_chiefs_run_of_several_steps_end():
+    """In-process PS and chief servers, the other replica absent, three steps per run.
+
+    The chief's first step waits for a step that can never close (worker 1
+    never reports). Its aggregator is then stopped as an error stops it; it
+    must release the chief through every step left in its run, so that the run
+    returns and the session sees the stop (an error of the aggregator's own
+    stops it the same way). With one token each step after the
+    first waited for ever (the watchdog ended such runs after 120 s).
+    """
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    spec = tf.train.ClusterSpec({"ps": hosts[:1], "worker": hosts[1:]})
+    chief = [tf.distribute.Server(spec, job_name=job, task_index=0) for job in ("ps", "worker")][1]
+    strategy = SyncParameterServer(Cluster.from_hosts("worker", 0, hosts[:1], hosts[1:]))
+    with tf.Graph().as_default():
+
+        def loss_fn():
+            w = v1.get_variable("w", [4], initializer=v1.ones_initializer())
+            return tf.reduce_sum(tf.square(w))
+
+        with strategy.scope():
+            train_op = strategy.minimize(v1.train.GradientDescentOptimizer(0.1), loss_fn, steps_per_run=3)
+        creator = v1.train.ChiefSessionCreator(master=chief.target, config=strategy.session_config())
+        with v1.train.MonitoredSession(creator, hooks=strategy.hooks()) as session:
+            ran = {}
+
+            def run():
+                try:
+                    ran["result"] = session.run(train_op, options=v1.RunOptions(timeout_in_ms=30_000))
+                except tf.errors.OpError as e:
+                    ran["error"] = type(e).__name__
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            time.sleep(2)  # the first step has reported and waits for its token
+            assert thread.is_alive()
+            # As a lost PS or the aggregator's own error stops it: the watcher wakes the aggregator.
+            session._coordinated_creator.coord.request_stop()
+            thread.join(60)
+            assert "error" not in ran, f"the chief's run of 3 steps did not end: {ran['error']}"
+            assert "result" in ran and session.should_stop()
+            assert session.run(v1.train.get_global_step()) == 0  # released, not applied
