@@ -201,6 +201,7 @@ class Strategy:
     bucket_bytes: int = 4 * 2**20  # SyncAllReduce
     transfer_bits: int = 32  # 16: bfloat16/float16 on the wire
     backup_workers: int = 0  # SyncParameterServer
+    densify_below_bytes: int = 2**18  # SyncAllReduce, SyncHybrid: tables this small are summed densely
     placement: str = DISTTRAIN  # or TF 1's round robin (replica_device_setter) or greedy by bytes
     transport: Transport | None = None  # None: gRPC on CPU, as Constants hold it
 
@@ -270,6 +271,9 @@ class Model:
     layout: Callable[[int, str], PsLayout]
     tensors: int
     sparse_bytes: float = 0.0
+    # Per embedding table: (its bytes whole, its part of R). A ring strategy sums a table of at most
+    # `Strategy.densify_below_bytes` whole with the dense bytes, and moves no rows of it.
+    tables: tuple[tuple[float, float], ...] = ()
     compute_cpu: float | None = None  # CPU seconds a step's compute takes when on the CPU (None: step_time)
 
     def replace(self, **changes) -> Model:
@@ -618,7 +622,11 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     check(shape, strategy)
     c = with_transport(constants, strategy.transport)
     width = 0.5 if strategy.transfer_bits == 16 else 1.0
-    dense, rows = model.dense_bytes * width, model.sparse_bytes * width
+    dense, rows = model.dense_bytes, model.sparse_bytes
+    if strategy.kind in (ALLREDUCE, HYBRID):
+        small = [(whole, part) for whole, part in model.tables if whole <= strategy.densify_below_bytes]
+        dense, rows = dense + sum(w for w, _ in small), max(0.0, rows - sum(p for _, p in small))
+    dense, rows = dense * width, rows * width
     rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
     host = _host_time(shape, strategy, dense)
     layout = None

@@ -104,9 +104,11 @@ def _layout(dense: list[int], pieces: list[int], balance: float) -> cost.PsLayou
 def model_from_config(config: TrainConfig, step_time: float, name: str | None = None) -> cost.Model:
     """The cost model's view of `config`'s model at its batch size, one GPU step taking `step_time`."""
     specs, trainable = variables(config)
+    tables = ()
     if any(s.table for s in specs):
         sizes = traffic.model_bytes(config)  # measures R from the input pipeline
         dense, rows = sizes.dense, sizes.sparse
+        tables = tuple((t.nbytes, t.bytes_per_step) for t in sizes.tables)
     else:
         dense, rows = sum(s.nbytes for s in specs if s.name in trainable), 0.0
 
@@ -122,6 +124,7 @@ def model_from_config(config: TrainConfig, step_time: float, name: str | None = 
         name=name or type(config.model).__name__,
         dense_bytes=dense,
         sparse_bytes=rows,
+        tables=tables,
         step_time=step_time,
         batch_size=config.batch_size,
         layout=layout,
@@ -192,5 +195,6 @@ _KNOBS = {
     "bucket_bytes": ("bucket_bytes", int),
     "transfer_dtype": ("transfer_bits", lambda dtype: 16 if dtype is not None and dtype.size == 2 else 32),
     "backup_workers": ("backup_workers", int),
+    "densify_below_bytes": ("densify_below_bytes", int),
     "communication_hint": ("transport", lambda hint: transports.NCCL_TCP if hint == "nccl" else None),
 }

@@ -242,7 +242,7 @@ class SyncAllReduce(Strategy):
     dense_over_ring = True
     synchronous = True
     uses_ps = False
-    knobs = ("bucket_bytes", "transfer_dtype", "communication_hint")
+    knobs = ("bucket_bytes", "transfer_dtype", "communication_hint", "densify_below_bytes")
     recovers_in_process = False
     aggregate_clipped_at = "the all-reduced mean, on every replica"
     # Each weight gradient as soon as it is computed (TF's gating would hold a layer's weight

@@ -4,6 +4,7 @@ its view of real models' placement, and bin/plan.py's command line."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import statistics
@@ -14,7 +15,7 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import cli, placement
+from disttrain import SyncAllReduce, SyncHybrid, cli, placement, traffic
 from disttrain.plan import advice, calibrate, cost, interval, measured, models, published, transports
 from tests import REPO
 
@@ -564,6 +565,38 @@ def test_host_bus_sums_towers_half_with_backprop_half_after():
     )
     # One GPU per host: no term at all (the emulated runs here).
     assert cost.host_bytes(100 * MB, 1) == 0.0
+
+
+@pytest.mark.parametrize("kind", [cost.ALLREDUCE, cost.HYBRID])
+def test_ring_strategies_count_a_table_of_at_most_densify_below_bytes_whole_and_no_rows_of_it(kind):
+    """As SyncAllReduce and SyncHybrid build it: a small table is summed densely in the ring's buckets."""
+    small, large = (100e3, 10e3), (50e6, 400e3)  # (whole, rows per step)
+    model = cost.Model(
+        "tables",
+        dense_bytes=2e6,
+        step_time=0.02,
+        batch_size=1024,
+        layout=cost.even_layout(20),
+        tensors=20,
+        sparse_bytes=small[1] + large[1],
+        tables=(small, large),
+    )
+    shape = cost.Shape(hosts=4, ps=4 if kind == cost.HYBRID else 0, link_gbit=1.0)
+    default, rows = (
+        cost.predict(model, shape, cost.Strategy(kind, densify_below_bytes=b)) for b in (2**18, 0)
+    )
+    flat = cost.predict(model.replace(tables=()), shape, cost.Strategy(kind))
+    assert rows.busiest_link.bytes_per_round == pytest.approx(flat.busiest_link.bytes_per_round)
+    if kind == cost.ALLREDUCE:  # the rows of every replica all-gathered, against the table summed whole
+        ring = lambda dense, r: traffic.ring_host_bytes(4, dense, r)
+        assert default.busiest_link.bytes_per_round == pytest.approx(ring(2e6 + small[0], large[1]))
+        assert rows.busiest_link.bytes_per_round == pytest.approx(ring(2e6, small[1] + large[1]))
+    else:  # the small table's bytes leave the PS's share and join the ring's
+        assert default.busiest_link.bytes_per_round != pytest.approx(rows.busiest_link.bytes_per_round)
+    # SyncAllReduce and SyncHybrid take the cost model's default, and the planner reads the setting.
+    for cls in (SyncAllReduce, SyncHybrid):
+        default_bytes = inspect.signature(cls.__init__).parameters["densify_below_bytes"].default
+        assert default_bytes == cost.Strategy().densify_below_bytes and "densify_below_bytes" in cls.knobs
 
 
 def test_the_hybrid_sends_dense_bytes_round_the_ring_and_rows_to_the_ps_and_wins_where_rows_dominate():
