@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain import schedules
 from disttrain.bench import accuracy
 from tests import REPO, extended_beyond
 
@@ -74,6 +75,33 @@ def test_tf2_peers_evaluate_on_the_cadence_and_at_the_end():
     steps = [(1, False), (10, False), (10, False), (4, True), (10, False), (10, False), (5, True), (7, True)]
     assert chunks == steps
     assert heldout.chunks(total=1, every=25, per_function=5) == [(1, True)]
+
+
+def test_teacher_decays_to_zero_at_its_last_step_and_tf2_peers_follow_the_same_rate(tmp_path):
+    """The peers cannot import disttrain: their rate (tf2_common) must be schedules.Cosine's at every step."""
+    teacher, allreduce = accuracy.TASKS["teacher"], accuracy.SYSTEMS["allreduce"]
+    assert teacher.decays and not accuracy.TASKS["digits"].decays
+    accuracy.peer_command("teacher", "tf2_mwms", 2, teacher.examples, teacher.eval_every_steps, str(tmp_path))
+    with open(tmp_path / "peer_spec.json") as f:
+        optimizer = json.load(f)["optimizer"]
+    rate, warmup = accuracy.learning_rate(teacher, allreduce, 2), accuracy.warmup_steps(teacher, allreduce, 2)
+    total = teacher.examples // accuracy.examples_per_step(allreduce, 2, teacher.batch_size)
+    assert (optimizer["learning_rate"], optimizer["warmup_steps"], optimizer["decay_steps"]) == (
+        pytest.approx(rate),
+        warmup,
+        total,
+    )
+    spec = importlib.util.spec_from_file_location("tf2_common", os.path.join(PEERS, "tf2_common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    schedule = schedules.Cosine(rate, warmup=warmup, total=total)
+    for step in (0, warmup // 2, warmup, (warmup + total) // 2, total - 1, total, total + 3):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            variable = tf.Variable(step, dtype=tf.int64)
+            peer = common.Optimizer({"optimizer": optimizer}, [], None, variable)
+            session.run(variable.initializer)
+            assert session.run(peer.rate()) == pytest.approx(schedule.value(step), rel=1e-5, abs=1e-9), step
+    assert schedule.value(total) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_compensated_async_lowers_the_momentum_for_the_staleness():

@@ -318,8 +318,10 @@ class Optimizer:
         if self.name not in self.SLOTS:
             raise ValueError(f"optimizer {self.name!r}: expected one of {sorted(self.SLOTS)}")
         self.lr = o["learning_rate"]
-        # Linear warmup from 0 to lr over these steps, as disttrain.schedules.Constant(warmup=...).
+        # Linear warmup from 0 to lr over these steps, as disttrain.schedules.Constant(warmup=...);
+        # with decay_steps, then a cosine from lr to 0 at that step, as disttrain.schedules.Cosine.
         self.warmup_steps = o.get("warmup_steps", 0)
+        self.decay_steps = o.get("decay_steps", 0)
         self.beta1, self.beta2, self.epsilon = o.get("beta1"), o.get("beta2"), o.get("epsilon")
         self.momentum = o.get("momentum")
         self.step = step
@@ -329,12 +331,19 @@ class Optimizer:
                 self.slots.append(tuple(_zeros_like(var, suffix) for suffix in self.SLOTS[self.name]))
 
     def rate(self) -> tf.Tensor:
-        """The learning rate at this step (the peak after warmup)."""
+        """The learning rate at this step: the warmup's ramp, then the peak or its cosine decay."""
         lr = tf.constant(self.lr, tf.float32)
-        if not self.warmup_steps:
+        if not self.warmup_steps and not self.decay_steps:
             return lr
         step = tf.cast(self.step.read_value(), tf.float32)
-        return tf.where(step < self.warmup_steps, lr * step / self.warmup_steps, lr)
+        after = lr
+        if self.decay_steps:
+            span = max(self.decay_steps - self.warmup_steps, 1)
+            progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
+            after = lr * 0.5 * (1.0 + tf.cos(math.pi * progress))
+        if not self.warmup_steps:
+            return after
+        return tf.where(step < self.warmup_steps, lr * step / self.warmup_steps, after)
 
     def apply(self, grads: list, variables: list):
         """The update ops for one step's gradients, then the step's increment; returns the increment."""
