@@ -538,6 +538,7 @@ def peer_command(
     if os.path.exists(done_path):
         os.remove(done_path)  # a PS or worker would take it for this run's end
     model, per_step = spec.model(), examples_per_step(how, workers, spec.batch_size)
+    steps = max(1, examples // per_step)
     rate, momentum = rate_and_momentum(spec, how, workers)  # as disttrain's systems of its kind
     peer_spec = {
         "system": system,
@@ -550,7 +551,7 @@ def peer_command(
             "momentum": momentum,
             "warmup_steps": warmup_steps(spec, how, workers),
             # Cosine to 0 at the last step after warmup, as schedules.Cosine (the task's `decays`).
-            "decay_steps": max(1, examples // per_step) if spec.decays else 0,
+            "decay_steps": steps if spec.decays else 0,
         },
         "intra_op_threads": COMPUTE_THREADS,
         "inter_op_threads": COMPUTE_THREADS,
@@ -565,7 +566,7 @@ def peer_command(
             "path": os.path.join(logdir, HELD_OUT_FILE),
             "done_path": done_path,
             "eval_every_steps": eval_every_steps,
-            "steps": max(1, examples // per_step),
+            "steps": steps,
             "examples_per_step": per_step,
             "seed": seed,
         },
