@@ -567,20 +567,17 @@ def test_host_bus_sums_towers_half_with_backprop_half_after():
     assert cost.host_bytes(100 * MB, 1) == 0.0
 
 
+def tables_model(sparse_bytes: float, tables=()) -> cost.Model:
+    """2 MB dense in 20 tensors, a 20-ms step at batch 1024, and `sparse_bytes` of rows per step."""
+    layout = cost.even_layout(20)
+    return cost.Model("tables", 2e6, 0.02, 1024, layout, 20, sparse_bytes=sparse_bytes, tables=tables)
+
+
 @pytest.mark.parametrize("kind", [cost.ALLREDUCE, cost.HYBRID])
 def test_ring_strategies_count_a_table_of_at_most_densify_below_bytes_whole_and_no_rows_of_it(kind):
     """As SyncAllReduce and SyncHybrid build it: a small table is summed densely in the ring's buckets."""
     small, large = (100e3, 10e3), (50e6, 400e3)  # (whole, rows per step)
-    model = cost.Model(
-        "tables",
-        dense_bytes=2e6,
-        step_time=0.02,
-        batch_size=1024,
-        layout=cost.even_layout(20),
-        tensors=20,
-        sparse_bytes=small[1] + large[1],
-        tables=(small, large),
-    )
+    model = tables_model(small[1] + large[1], (small, large))
     shape = cost.Shape(hosts=4, ps=4 if kind == cost.HYBRID else 0, link_gbit=1.0)
     default, rows = (
         cost.predict(model, shape, cost.Strategy(kind, densify_below_bytes=b)) for b in (2**18, 0)
@@ -602,15 +599,7 @@ def test_ring_strategies_count_a_table_of_at_most_densify_below_bytes_whole_and_
 def test_the_hybrid_sends_dense_bytes_round_the_ring_and_rows_to_the_ps_and_wins_where_rows_dominate():
     """Its link carries the ring's dense bytes plus each worker's rows to and from the PS, not every
     replica's rows (all-reduce all-gathers them): at 16 hosts the advice for all-reduce names it."""
-    model = cost.Model(
-        "tables",
-        dense_bytes=2e6,
-        step_time=0.02,
-        batch_size=1024,
-        layout=cost.even_layout(20),
-        tensors=20,
-        sparse_bytes=1e6,
-    )
+    model = tables_model(1e6)
     ring = cost.predict(model, cost.Shape(hosts=16, link_gbit=1.0), cost.Strategy(cost.ALLREDUCE))
     hybrid = cost.predict(model, cost.Shape(hosts=16, ps=16, link_gbit=1.0), cost.Strategy(cost.HYBRID))
     dense_ring = 2 * 2e6 * 15 / 16
