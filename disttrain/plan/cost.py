@@ -617,16 +617,26 @@ def with_transport(constants: Constants, transport: Transport | None) -> Constan
     )
 
 
+def moved_bytes(model: Model, strategy: Strategy) -> tuple[float, float]:
+    """(dense, rows per step) as `strategy` moves them, in float32 bytes.
+
+    SyncAllReduce and SyncHybrid sum a table of at most `densify_below_bytes`
+    whole with the dense bytes and move no rows of it; the PS strategies move
+    every table's rows.
+    """
+    dense, rows = model.dense_bytes, model.sparse_bytes
+    if strategy.kind in (ALLREDUCE, HYBRID):
+        small = [(whole, part) for whole, part in model.tables if whole <= strategy.densify_below_bytes]
+        dense, rows = dense + sum(w for w, _ in small), max(0.0, rows - sum(p for _, p in small))
+    return dense, rows
+
+
 def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants = DEFAULTS) -> Prediction:
     """One round of `shape` training `model` with `strategy`, and what limits it (see module doc)."""
     check(shape, strategy)
     c = with_transport(constants, strategy.transport)
     width = 0.5 if strategy.transfer_bits == 16 else 1.0
-    dense, rows = model.dense_bytes, model.sparse_bytes
-    if strategy.kind in (ALLREDUCE, HYBRID):
-        small = [(whole, part) for whole, part in model.tables if whole <= strategy.densify_below_bytes]
-        dense, rows = dense + sum(w for w, _ in small), max(0.0, rows - sum(p for _, p in small))
-    dense, rows = dense * width, rows * width
+    dense, rows = (b * width for b in moved_bytes(model, strategy))
     rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
     host = _host_time(shape, strategy, dense)
     layout = None

@@ -28,9 +28,17 @@ def table(
     """
     p = iv.middle
     busiest = p.busiest_link
+    dense, rows = cost.moved_bytes(model, p.strategy)
+    summed = (
+        f" (the strategy sums its tables of at most {p.strategy.densify_below_bytes:,} bytes whole: "
+        f"{_mb(dense)} dense + {_mb(rows)} of rows per step)"
+        if (dense, rows) != (model.dense_bytes, model.sparse_bytes)
+        else ""
+    )
     lines = [
         f"model: {model.name}, {_mb(model.dense_bytes)} dense"
         + (f" + {_mb(model.sparse_bytes)} of rows per step" if model.sparse_bytes else "")
+        + summed
         + f", batch {model.batch_size} per GPU, one GPU step {model.step_time * 1e3:.1f} ms",
         f"cluster: {p.shape.describe()} ({p.shape.workers} worker(s), {p.shape.gpus} GPU(s))",
         f"strategy: {p.strategy.describe()}",

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from disttrain import SyncAllReduce, SyncHybrid, cli, placement, traffic
 from disttrain.plan import advice, calibrate, cost, interval, measured, models, published, transports
+from disttrain.plan import report as plan_report
 from tests import REPO
 
 v1 = tf.compat.v1
@@ -590,6 +591,17 @@ def test_ring_strategies_count_a_table_of_at_most_densify_below_bytes_whole_and_
         assert rows.busiest_link.bytes_per_round == pytest.approx(ring(2e6, small[1] + large[1]))
     else:  # the small table's bytes leave the PS's share and join the ring's
         assert default.busiest_link.bytes_per_round != pytest.approx(rows.busiest_link.bytes_per_round)
+    # The plan's model line says what the strategy moves, beside the model's own bytes; a PS strategy
+    # moves every table's rows, so its line has the model's alone.
+    line = plan_report.table(interval.predict(model, shape, cost.Strategy(kind)), model, []).splitlines()[0]
+    assert "2.0 MB dense + 0.4 MB of rows per step (the strategy sums its tables of at most 262,144" in line
+    assert line.endswith(
+        "bytes whole: 2.1 MB dense + 0.4 MB of rows per step), batch 1024 per GPU, one GPU step 20.0 ms"
+    )
+    ps = plan_report.table(
+        interval.predict(model, dataclasses.replace(shape, ps=4), cost.Strategy(cost.ASYNC_PS)), model, []
+    )
+    assert ps.splitlines()[0].startswith("model: tables, 2.0 MB dense + 0.4 MB of rows per step, batch")
     # SyncAllReduce and SyncHybrid take the cost model's default, and the planner reads the setting.
     for cls in (SyncAllReduce, SyncHybrid):
         default_bytes = inspect.signature(cls.__init__).parameters["densify_below_bytes"].default
