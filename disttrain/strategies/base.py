@@ -649,8 +649,16 @@ class Strategy(abc.ABC):
         updates = [op for op in made if op.name.startswith(prefix)]
         # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
         batch = schedules.global_batch(self.examples_per_step(self.batch_size)) if self.batch_size else None
-        with tf.control_dependencies(updates + state_updates), batch or contextlib.nullcontext():
-            return self.apply_gradients(optimizer, grads_and_vars, global_step)
+        with batch or contextlib.nullcontext():
+            step = self.apply_gradients(optimizer, grads_and_vars, global_step)
+        if not updates and not state_updates:
+            return step
+        # Grouped with the step, not made its control inputs: apply_gradients also builds ops that run
+        # on their own (the sync aggregator's, the overlap's transfer loop, a hook's drain), and under
+        # the updates' control dependencies each of those runs would compute the forward pass again
+        # and read a batch of input that no step trains on.
+        with self.setter.tower(self.compute_devices[0]):
+            return tf.group(step, *updates, *state_updates, name="step_and_state_updates")
 
     def check_clip(self, clip: Clip | None) -> None:
         """Refuse (ConfigError) an aggregate clip this strategy has no place for."""
