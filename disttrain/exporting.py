@@ -162,7 +162,11 @@ def export(
       `loss_fn` does; `training=False` wherever it matters (batch norm's
       moving statistics, no dropout). It is given what `inputs` describes
       (one placeholder, or a dict of them) and returns a tensor (the output
-      named 'outputs') or a dict name -> tensor.
+      named 'outputs') or a dict name -> tensor. A Keras model (Keras 3)
+      may be given itself: the export builds a copy of it in its own graph
+      (`keras.models.clone_model`, which keeps its variables' names) and
+      calls that with `training=False`; the model object holds the
+      variables of the graph it was built in (training's).
     inputs: a `tf.TensorSpec` (or `tf.SparseTensorSpec`), or a dict name ->
       spec: the signature's inputs, None for sizes that vary (the batch).
     checkpoint: a checkpoint path (or its name within `logdir`); None: the
@@ -180,7 +184,7 @@ def export(
     logs.to_console()
     path = find_checkpoint(logdir, checkpoint)
     with tf.Graph().as_default():
-        serving = build_serving(serve_fn, inputs)
+        serving = build_serving(_copied_if_keras(serve_fn), inputs)
         check_checkpoint(path, serving.variables)
         # On the CPU: an export beside training never takes a GPU's memory from it.
         with v1.Session(config=v1.ConfigProto(device_count={"GPU": 0})) as session:
@@ -189,6 +193,28 @@ def export(
             written = write_version(session, serving, export_dir, version)
     log.info(f"exported {path} ({len(serving.variables)} variables) to {written}")
     return written
+
+
+def _copied_if_keras(serve_fn: Callable) -> Callable:
+    """`serve_fn`, or for a Keras model a function that calls a copy of it built in the current graph."""
+    import keras  # here: TensorFlow imports it anyway, but only a Keras model needs it
+
+    if not isinstance(serve_fn, keras.Model):
+        return serve_fn
+
+    def serve(inputs):
+        try:
+            copy = keras.models.clone_model(serve_fn)
+        except (NotImplementedError, TypeError, ValueError) as error:
+            raise ConfigError(
+                f"the Keras model {serve_fn.name!r} cannot be copied into the export's graph "
+                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}): give "
+                "serve_fn=lambda x: make_model()(x, training=False), a function that builds the model "
+                "as training did, with the same names"
+            ) from error
+        return copy(inputs, training=False)
+
+    return serve
 
 
 def find_checkpoint(logdir: str, checkpoint: str | None) -> str:
@@ -257,7 +283,16 @@ def build_serving(serve_fn: Callable, inputs: InputSpecs) -> Serving:
             f"inputs={inputs!r}: give the serving inputs as a tf.TensorSpec or a dict name -> tf.TensorSpec"
         )
     with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE):
-        built = serve_fn(given)
+        try:
+            built = serve_fn(given)
+        except ValueError as error:
+            if "must be from the same graph" not in str(error):
+                raise
+            raise ConfigError(
+                "serve_fn used variables made in another graph (a Keras model holds those of the graph "
+                "it was built in, training's): give the Keras model itself as serve_fn (the export "
+                "copies it into its own graph), or build the model inside serve_fn"
+            ) from error
     outputs = dict(built) if isinstance(built, Mapping) else {LONE_OUTPUT: built}
     for name, tensor in outputs.items():
         if not isinstance(tensor, tf.Tensor):

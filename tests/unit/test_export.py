@@ -159,8 +159,11 @@ def keras_model() -> keras.Model:
     )
 
 
-def train_keras(logdir: str) -> None:
-    """The Keras model trained by disttrain.fit in this process: batch norm's moving statistics move."""
+def train_keras(logdir: str) -> keras.Model:
+    """The Keras model trained by disttrain.fit in this process: batch norm's moving statistics move.
+
+    Returns the model object, whose variables are those of training's graph.
+    """
     with tf.Graph().as_default():
         model = keras_model()
 
@@ -180,6 +183,7 @@ def train_keras(logdir: str) -> None:
             log_every_steps=10,
         )
     assert result.global_step == 30
+    return model
 
 
 def features(shape, seed=0) -> np.ndarray:
@@ -207,10 +211,9 @@ def zoo_case(root, name: str, model, gin_file: str) -> Case:
 
 def keras_case(root) -> Case:
     logdir = str(root / "keras")
-    train_keras(logdir)
-    model = keras_model()
-    serve_fn = lambda x: model(x, training=False)
-    written = disttrain.export(logdir, serve_fn, str(root / "keras_served"), inputs=tf.TensorSpec([None, 8]))
+    trained = train_keras(logdir)
+    # The object training called: the export copies it into its own graph.
+    written = disttrain.export(logdir, trained, str(root / "keras_served"), inputs=tf.TensorSpec([None, 8]))
     feeds = {"inputs": features((6, 8), seed=1) * 3.0 + 2.0}
     build = lambda placeholders: keras_model()(placeholders["inputs"], training=False)
     return Case(build, feeds, v1.train.latest_checkpoint(logdir), written)
@@ -506,6 +509,26 @@ def test_a_checkpoint_that_does_not_match_the_serving_model_is_refused_in_one_li
     assert not export_dir.exists()
 
 
+def functional_model_of_another_graph() -> keras.Model:
+    """A Keras model from keras.Input: its variables are made at once, in the graph it is built in
+    (as a model built for training before `fit` holds them in training's graph)."""
+    with tf.Graph().as_default():
+        inputs = keras.Input((32,))
+        hidden = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(10)(hidden))
+
+
+class Subclassed(keras.Model):
+    """A subclassed Keras model: Keras cannot rebuild it from its config, so it cannot be copied."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.out = keras.layers.Dense(10)
+
+    def call(self, features, training=False):
+        return self.out(features["features"])
+
+
 @pytest.mark.parametrize(
     "change, refused",
     [
@@ -521,8 +544,25 @@ def test_a_checkpoint_that_does_not_match_the_serving_model_is_refused_in_one_li
             dict(serve_fn=lambda f: f["features"] * v1.placeholder(tf.float32, [], name="temperature")),
             r"need the placeholder 'temperature', which is not one of the inputs",
         ),
+        (
+            dict(serve_fn=lambda f: functional_model_of_another_graph()(f["features"], training=False)),
+            r"serve_fn used variables made in another graph .* give the Keras model itself as serve_fn",
+        ),
+        (
+            dict(serve_fn=Subclassed()),
+            r"the Keras model 'subclassed' cannot be copied into the export's graph .* make_model\(\)",
+        ),
     ],
-    ids=["no_such_checkpoint", "no_checkpoint", "ragged", "no_inputs", "not_a_tensor", "unfed_placeholder"],
+    ids=[
+        "no_such_checkpoint",
+        "no_checkpoint",
+        "ragged",
+        "no_inputs",
+        "not_a_tensor",
+        "unfed_placeholder",
+        "keras_model_of_training",
+        "keras_subclassed",
+    ],
 )
 def test_bad_arguments_are_refused_in_one_line_before_anything_is_written(
     exported, tmp_path, change, refused
