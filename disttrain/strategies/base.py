@@ -631,7 +631,17 @@ class Strategy(abc.ABC):
         graph = v1.get_default_graph()
         updates_before = 0 if self.step_in_run == 0 else len(v1.get_collection(v1.GraphKeys.UPDATE_OPS))
         loss, state_updates = _recording_state_updates(loss, graph) if callable(loss) else (loss, [])
-        grads_and_vars = self.compute_gradients(optimizer, loss)
+        try:
+            grads_and_vars = self.compute_gradients(optimizer, loss)
+        except ValueError as error:
+            if "No variables to optimize" not in str(error):
+                raise
+            raise ConfigError(
+                "the loss depends on no trainable variable of training's graph. A subclassed Keras "
+                "model first called in the loss function holds those of disttrain's planning graph "
+                "(Keras builds it there, tracing its call): build it before training by calling it once "
+                "on a batch, e.g. model(tf.zeros([1, ...]))"
+            ) from error
         _refuse_mod_lookups(graph)
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("deduplicate"):
             grads_and_vars = [

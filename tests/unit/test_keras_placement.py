@@ -9,10 +9,12 @@ largest first, with their slots, reads and updates, and their state updates
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from disttrain import placement
 from disttrain.cluster import Cluster
+from disttrain.errors import ConfigError
 from disttrain.strategies import AsyncParameterServer, SyncParameterServer
 
 v1 = tf.compat.v1
@@ -121,3 +123,30 @@ def test_keras_variables_get_gradients_with_towers_and_with_overlap():
         for weight in model.trainable_weights:
             # Adam makes its slots only for the variables it is given a gradient for.
             assert f"{weight.value.op.name}/Adam" in variables, (type(strategy).__name__, weight.path)
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)
+
+    def call(self, x, training=False):
+        return self.out(self.hidden(x))
+
+
+def test_a_subclassed_keras_model_trains_once_built_and_is_refused_in_one_line_before():
+    """Keras builds a subclassed model while it traces its first call, and keeps going when the
+    planning replay stops it: first called in the loss function, it holds the replay's variables."""
+    with tf.Graph().as_default():
+        refused = r"no trainable variable .* calling it once on a batch"
+        with pytest.raises(ConfigError, match=refused) as error:
+            build_keras(AsyncParameterServer(ps_cluster(2)), Subclassed())
+    assert "\n" not in str(error.value)
+    with tf.Graph().as_default() as graph:
+        model = Subclassed()
+        model(tf.zeros([1, 64]))
+        build_keras(AsyncParameterServer(ps_cluster(2)), model)
+    variables = variable_devices(graph)
+    assert len(model.trainable_weights) == 4
+    for weight in model.trainable_weights:
+        assert weight.value.graph is graph and f"{weight.value.op.name}/Adam" in variables, weight.path
