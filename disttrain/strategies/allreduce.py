@@ -182,7 +182,10 @@ def all_gather_mean(
                 values = tf.cast(values, transfer_dtype)
             rows = tf.shape(tagged, out_type=tf.int32)[:1]
             counts = _gather(rows, key=next(keys), **common)
-            longest = tf.reduce_max(counts)
+            # At least one (padding) row each: TF's ring gather of empty tensors crashes the process
+            # (a null copy in RingGatherer), and in the step after every pipeline's data has ended
+            # no replica has a row to send.
+            longest = tf.maximum(tf.reduce_max(counts), 1)
             pad = longest - rows[0]
             values = tf.pad(values, [[0, pad]] + [[0, 0]] * (values.shape.rank - 1))
             tagged = tf.pad(tagged, [[0, pad]])
