@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
 from disttrain import exporting, input_context, input_feeds, metrics
+
+POLL_SECS = 2.0  # how often the evaluator looks for a new checkpoint, and whether training is over
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -47,8 +50,14 @@ def evaluate_checkpoints(
     last_step: int,
     wait_secs: float,
     export_best: exporting.BestExport | None = None,
+    finished: Callable[[], int | None] = lambda: None,
 ) -> list[tuple[int, dict[str, float]]]:
     """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
+
+    Training may end before `last_step` (data that does not repeat):
+    `finished()` gives the chief's last global step once it has finished
+    (else None), and the evaluator stops when the newest checkpoint then is
+    measured. Otherwise it stops after `wait_secs` without a new checkpoint.
 
     `build_metrics()` builds the metrics (variables named as in training, so
     that the checkpoint restores them) in a fresh graph; NumPy arrays its
@@ -69,7 +78,17 @@ def evaluate_checkpoints(
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         writer = v1.summary.FileWriter(os.path.join(logdir, "eval"))
-        for path in v1.train.checkpoints_iterator(logdir, min_interval_secs=1, timeout=wait_secs):
+        newest = {"path": None, "at": time.monotonic()}  # the last checkpoint measured, and when
+
+        def stop_waiting() -> bool:  # after a poll found no new checkpoint
+            if finished() is not None and v1.train.latest_checkpoint(logdir) == newest["path"]:
+                return True  # the chief has finished, and its last checkpoint is measured
+            return time.monotonic() - newest["at"] >= wait_secs
+
+        polls = v1.train.checkpoints_iterator(
+            logdir, min_interval_secs=1, timeout=POLL_SECS, timeout_fn=stop_waiting
+        )
+        for path in polls:
             if exporter is not None:
                 exporter.check(path)
             with v1.Session() as session:
@@ -85,13 +104,22 @@ def evaluate_checkpoints(
                 if exporter is not None:
                     exporter.offer(session, path, step, means)
             measured.append((step, means))
+            newest.update(path=path, at=time.monotonic())
             if step >= last_step:
                 break
         writer.close()
-    if not measured or measured[-1][0] < last_step:
+    end = finished()
+    if measured and (measured[-1][0] >= last_step or end is not None):
+        step = end if end is not None else measured[-1][0]
+        log.info(f"evaluator: training is over at global step {step}, and its last checkpoint is measured")
+    elif end is not None:
         log.warning(
-            f"evaluator: no new checkpoint in {wait_secs:.0f} s (none is written when both "
-            "save_checkpoint_steps and save_checkpoint_secs are None); stopping "
+            f"evaluator: training is over at global step {end} and wrote no checkpoint (none is written "
+            "when both save_checkpoint_steps and save_checkpoint_secs are None): nothing to evaluate"
+        )
+    else:
+        log.warning(
+            f"evaluator: no new checkpoint in {wait_secs:.0f} s; stopping "
             + (f"after step {measured[-1][0]}" if measured else "without evaluating one")
         )
     return measured

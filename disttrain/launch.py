@@ -102,7 +102,7 @@ def fit(
         lives = {
             SERVE: lambda: serve(cluster, settings, logdir, steps),
             EVALUATE: lambda: _evaluate(
-                eval_fn, export_best, logdir, batch_size, eval_steps, steps, settings
+                eval_fn, export_best, logdir, batch_size, eval_steps, steps, settings, cluster
             ),
             TRAIN: lambda: train_replica(
                 make_strategy(strategy, cluster),
@@ -119,7 +119,14 @@ def fit(
 
 
 def _evaluate(
-    eval_fn, export_best, logdir: str, batch_size: int, eval_steps: int, steps: int, settings: RunSettings
+    eval_fn,
+    export_best,
+    logdir: str,
+    batch_size: int,
+    eval_steps: int,
+    steps: int,
+    settings: RunSettings,
+    cluster: Cluster,
 ) -> None:
     """An evaluator task of `fit`: evaluate each checkpoint with `eval_fn` until the last one (and export)."""
     if eval_fn is None:
@@ -128,7 +135,15 @@ def _evaluate(
             "chief, or give eval_fn"
         )
     build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
-    evaluation.evaluate_checkpoints(logdir, build, eval_steps, steps, settings.peer_wait_secs, export_best)
+    evaluation.evaluate_checkpoints(
+        logdir,
+        build,
+        eval_steps,
+        steps,
+        settings.peer_wait_secs,
+        export_best,
+        finished=lambda: trainer.chief_result_step(logdir, cluster),
+    )
 
 
 @contextlib.contextmanager

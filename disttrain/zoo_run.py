@@ -98,7 +98,12 @@ def _evaluate(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> i
         return {"loss": model.loss(logits, labels), "accuracy": model.accuracy(logits, labels)}
 
     evaluation.evaluate_checkpoints(
-        logdir, build_metrics, config.eval_steps, config.train_steps, config.peer_wait_secs
+        logdir,
+        build_metrics,
+        config.eval_steps,
+        config.train_steps,
+        config.peer_wait_secs,
+        finished=lambda: trainer.chief_result_step(logdir, cluster),
     )
     return 0
 

@@ -140,6 +140,37 @@ def test_an_evaluator_that_gets_no_checkpoint_says_so_and_ends(tmp_path, capsys)
     assert "evaluator: no new checkpoint in 1 s" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpoints", "no_checkpoints"])
+def test_an_evaluator_ends_once_the_chief_has_finished_and_its_last_checkpoint_is_measured(
+    tmp_path, capsys, checkpoints
+):
+    """Training that ends before `steps` (its data ran out) leaves the chief's result.json: the evaluator
+    stops once the last checkpoint is measured, or at once without any, not peer_wait_secs later."""
+    every = (
+        dict(save_checkpoint_steps=2)
+        if checkpoints
+        else dict(save_checkpoint_steps=None, save_checkpoint_secs=None)
+    )
+    assert fit_once(tmp_path, reading_model.loss_fn, **every).global_step == 4
+    chief = metrics.TaskThroughput(task="/job:worker/task:0", chief=True, global_step=4)
+    trainer.write_result(str(tmp_path), "worker", 0, chief)
+    evaluator = Cluster(jobs={"worker": ["localhost:1"]}, task_type=EVALUATOR, task_index=0)
+    fit_once(
+        tmp_path,
+        reading_model.loss_fn,
+        steps=1000,
+        cluster=evaluator,
+        eval_fn=reading_model.loss_fn,
+        peer_wait_secs=60,
+    )
+    out = capsys.readouterr().out
+    if checkpoints:
+        assert "evaluator: training is over at global step 4, and its last checkpoint is measured" in out
+        assert [step for step, _ in scalars(os.path.join(tmp_path, "eval"), "eval/loss")] == [4]
+    else:
+        assert "evaluator: training is over at global step 4 and wrote no checkpoint" in out, out
+
+
 def test_without_checkpoints_a_late_replica_knows_training_is_over_from_the_chiefs_result(tmp_path):
     """Its peers gone, a replica exits 0, not 150, once the chief finished, no checkpoint saying so."""
     cluster = Cluster.from_hosts("worker", 1, ["p:1"], ["w0:1", "w1:1"])
