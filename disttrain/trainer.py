@@ -764,11 +764,16 @@ def _session_creator(
     )
 
 
-def chief_result_step(logdir: str, cluster: Cluster) -> int | None:
-    """The global step in the chief's result.json (written as it finished), or None without one."""
+def chief_result_step(logdir: str, cluster: Cluster, written_after: float = 0.0) -> int | None:
+    """The global step in the chief's result.json (written as it finished), or None without one.
+
+    `written_after`: a time (time.time()) before which the file is an earlier run's, and not counted.
+    """
     job, index = cluster.replica_jobs[0] if cluster.replica_jobs else (cluster.task_type, cluster.task_index)
     path = os.path.join(metrics.task_logdir(logdir, job, index), "result.json")
     try:
+        if os.path.getmtime(path) < written_after:
+            return None
         with open(path) as f:
             return int(json.load(f)["global_step"])
     except (OSError, ValueError, KeyError):
