@@ -13,7 +13,10 @@ arrays as feeds when a session starts (`start_inputs`, run first by
 `StartInputsHook` in every task's session): the graph holds only the
 arrays' shapes. A one-shot iterator the function makes itself over such a
 dataset (it cannot capture a placeholder) is made initialisable the same
-way; so is the iterator of `InputContext.get_next`.
+way; so is the iterator of `InputContext.get_next`. So is a one-shot
+iterator over a dataset that captures a stateful op (a vocabulary's lookup
+table or a variable in a `map`), which TF refuses as one-shot; its
+initializer runs when the session starts, after the tables'.
 
 What is not covered: an array turned into a tensor some other way
 (`tf.constant`, an array captured by a `map` function, a dataset built
@@ -120,7 +123,7 @@ def _reads_feeds(dataset: tf.data.Dataset) -> bool:
 
 def _started(iterator) -> None:
     """Note `iterator`'s initializer, for start_inputs."""
-    _FEEDS[iterator.initializer.graph].initializers.append(iterator.initializer.name)
+    _FEEDS.setdefault(iterator.initializer.graph, _Feeds()).initializers.append(iterator.initializer.name)
 
 
 def large_constants(graph: tf.Graph, at_least: int = LARGE_CONSTANT_BYTES) -> list[tuple[str, int]]:

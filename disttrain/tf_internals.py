@@ -223,7 +223,9 @@ def intercepted_datasets(sources: Callable, reads_feeds: Callable, started: Call
       is made initializable instead (a one-shot iterator cannot capture a
       placeholder), and every initializable iterator over such a dataset,
       those included, is handed to `started(iterator)`, whose owner then
-      runs its initializer with the feeds.
+      runs its initializer with the feeds. So is a one-shot iterator TF
+      refuses because the dataset captures a stateful op (a lookup table
+      or a variable in a `map`).
 
     The redirection is process-wide: blocks open at once (nested, or in
     other threads) share the first block's functions, and it ends with the
@@ -271,7 +273,14 @@ def _intercept(sources: Callable, reads_feeds: Callable, started: Callable) -> l
     def make_one_shot_iterator(dataset):
         if reads_feeds(dataset):
             return make_initializable_iterator(dataset)
-        return one_shot(dataset)
+        try:
+            return one_shot(dataset)
+        except ValueError as error:  # a map that captures a lookup table or a variable: as TF advises
+            if "Cannot capture a stateful node" not in str(error):
+                raise
+            iterator = initializable(dataset, None)
+            started(iterator)
+            return iterator
 
     replaced = [
         (dataset_class, "from_tensor_slices", staticmethod(from_tensor_slices)),

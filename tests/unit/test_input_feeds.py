@@ -114,6 +114,33 @@ def test_a_restart_resumes_a_fed_input_from_its_saved_position(tmp_path):
     assert list(second[:, 0].astype(int)) == list(range(FEW_STEPS * BATCH, 2 * FEW_STEPS * BATCH))
 
 
+def _looked_up(ctx, one_shot_of_its_own=False):
+    """Rows whose column 0 a vocabulary's lookup table maps from a string key: a dataset that captures
+    a stateful op, which TF refuses to read through a one-shot iterator."""
+    keys = tf.strings.as_string(tf.range(ROWS, dtype=tf.int64))
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, tf.range(ROWS)), -1)
+    data = tf.data.Dataset.range(ROWS).map(lambda i: tf.strings.as_string(i))
+    data = data.map(lambda key: tf.fill([COLUMNS], tf.cast(table.lookup(key), tf.float32))).batch(BATCH)
+    if one_shot_of_its_own:
+        return v1.data.make_one_shot_iterator(data).get_next()
+    return ctx.get_next(ctx.shard(data.unbatch()).batch(BATCH))
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["get_next", "own_one_shot"])
+def test_a_dataset_that_captures_a_lookup_table_is_read_once_and_resumed(tmp_path, own):
+    """Its iterator is made initialisable and started after the tables, as TF advises."""
+    read_fn = lambda ctx: _looked_up(ctx, one_shot_of_its_own=own)  # noqa: E731
+    strategy = lambda: disttrain.AsyncParameterServer(Cluster.local())  # noqa: E731
+    if own:  # an iterator of its own has no saved position: one run reads it all
+        _, read = _train(strategy(), read_fn, tmp_path)
+        assert sorted(read[:, 0].astype(int)) == list(range(ROWS))
+        return
+    _, first = _train(strategy(), read_fn, tmp_path, steps=FEW_STEPS)
+    _, second = _train(strategy(), read_fn, tmp_path)
+    assert list(first[:, 0].astype(int)) == list(range(FEW_STEPS * BATCH))
+    assert list(second[:, 0].astype(int)) == list(range(FEW_STEPS * BATCH, ROWS))
+
+
 def test_a_constant_left_in_the_graph_is_warned_about_once_by_name_and_size(tmp_path, caplog):
     def constant(ctx):
         del ctx
