@@ -83,6 +83,22 @@ def _recording_state_updates(loss_fn: Callable, graph: tf.Graph) -> tuple[Callab
     return recording, found
 
 
+def _named_as_one_tower(graph: tf.Graph, tower: str, next_creator, **kwargs):
+    """A variable creator that names a variable made inside a tower's name scope as if it were not.
+
+    Keras 3 layers built in the loss function take their variable names
+    from the name scope (`tower_0/mlp/dense/kernel`): the checkpoint would
+    then hold names that one tower's build, an evaluator, an export or a run
+    with another `accumulate_steps` do not make. (`get_variable` names come
+    from the variable scope, which no tower enters.)
+    """
+    scope = graph.get_name_scope()
+    if scope != tower and not scope.startswith(tower + "/"):
+        return next_creator(**kwargs)
+    with graph.name_scope(scope[len(tower) + 1 :] + "/" if scope != tower else None):
+        return next_creator(**kwargs)
+
+
 def _gradients_of_copies(optimizer, loss, copies) -> list[tuple[tf.Tensor, tf.Variable]]:
     """`optimizer.compute_gradients` over the (copy, variable) pairs' copies, paired with the variables.
 
@@ -392,6 +408,7 @@ class Strategy(abc.ABC):
                 with (
                     self.setter.tower(device),
                     tf.name_scope(name),
+                    v1.variable_creator_scope(functools.partial(_named_as_one_tower, graph, name)),
                     v1.variable_scope(
                         v1.get_variable_scope(), reuse=True if i or m else None, custom_getter=caching_getter
                     ),

@@ -150,3 +150,21 @@ def test_a_subclassed_keras_model_trains_once_built_and_is_refused_in_one_line_b
     assert len(model.trainable_weights) == 4
     for weight in model.trainable_weights:
         assert weight.value.graph is graph and f"{weight.value.op.name}/Adam" in variables, weight.path
+
+
+@pytest.mark.parametrize("accumulate, towers", [(2, 1), (1, 2)], ids=["micro_batches", "towers"])
+def test_a_keras_model_built_in_the_loss_function_takes_no_tower_in_its_variable_names(accumulate, towers):
+    """Keras names its variables by the name scope: built inside a tower's, the checkpoint's names would
+    differ from what one tower's build, an evaluator or an export make (`tower_0/dense/kernel`)."""
+    model = keras_model()  # built at its first call, inside the loss function
+    with tf.Graph().as_default():
+        strategy = AsyncParameterServer(ps_cluster(2), num_towers=towers)
+        with strategy.scope():
+
+            def loss_fn():
+                x = tf.random.stateless_normal([16, 64], seed=[1, 2])
+                return tf.reduce_mean(tf.square(model(x, training=True)))
+
+            strategy.minimize(v1.train.AdamOptimizer(0.01), loss_fn, accumulate_steps=accumulate)
+    names = [w.value.op.name for w in model.weights]
+    assert len(names) == 10 and not [n for n in names if n.startswith("tower_")], names
