@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import exporting, input_context, input_feeds, metrics
+from disttrain import exporting, input_context, input_feeds, metrics, trainer
+from disttrain.cluster import Cluster
 
 POLL_SECS = 2.0  # how often the evaluator looks for a new checkpoint, and whether training is over
 
@@ -50,14 +51,15 @@ def evaluate_checkpoints(
     last_step: int,
     wait_secs: float,
     export_best: exporting.BestExport | None = None,
-    finished: Callable[[], int | None] = lambda: None,
+    cluster: Cluster | None = None,
 ) -> list[tuple[int, dict[str, float]]]:
     """Evaluate every new checkpoint in `logdir` until the one at `last_step`; return what was measured.
 
-    Training may end before `last_step` (data that does not repeat):
-    `finished()` gives the chief's last global step once it has finished
-    (else None), and the evaluator stops when the newest checkpoint then is
-    measured. Otherwise it stops after `wait_secs` without a new checkpoint.
+    Training may end before `last_step` (data that does not repeat): once
+    the chief of `cluster` has finished (its result.json, written after this
+    call began: an older one is an earlier run's), the evaluator stops when
+    the newest checkpoint is measured. Otherwise it stops after `wait_secs`
+    without a new checkpoint.
 
     `build_metrics()` builds the metrics (variables named as in training, so
     that the checkpoint restores them) in a fresh graph; NumPy arrays its
@@ -68,6 +70,12 @@ def evaluate_checkpoints(
     same graph.
     """
     measured = []
+    started = time.time()
+
+    def finished() -> int | None:
+        """The chief's last global step once it has finished in this run, else None."""
+        return None if cluster is None else trainer.chief_result_step(logdir, cluster, written_after=started)
+
     with tf.Graph().as_default():
         values = input_feeds.feeding(build_metrics)()
         names = sorted(values)
@@ -78,12 +86,12 @@ def evaluate_checkpoints(
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         writer = v1.summary.FileWriter(os.path.join(logdir, "eval"))
-        newest = {"path": None, "at": time.monotonic()}  # the last checkpoint measured, and when
+        newest_path, newest_at = None, time.monotonic()  # the last checkpoint measured, and when
 
         def stop_waiting() -> bool:  # after a poll found no new checkpoint
-            if finished() is not None and v1.train.latest_checkpoint(logdir) == newest["path"]:
+            if finished() is not None and v1.train.latest_checkpoint(logdir) == newest_path:
                 return True  # the chief has finished, and its last checkpoint is measured
-            return time.monotonic() - newest["at"] >= wait_secs
+            return time.monotonic() - newest_at >= wait_secs
 
         polls = v1.train.checkpoints_iterator(
             logdir, min_interval_secs=1, timeout=POLL_SECS, timeout_fn=stop_waiting
@@ -104,7 +112,7 @@ def evaluate_checkpoints(
                 if exporter is not None:
                     exporter.offer(session, path, step, means)
             measured.append((step, means))
-            newest.update(path=path, at=time.monotonic())
+            newest_path, newest_at = path, time.monotonic()
             if step >= last_step:
                 break
         writer.close()

@@ -208,7 +208,7 @@ def _copied_if_keras(serve_fn: Callable) -> Callable:
         except (NotImplementedError, TypeError, ValueError) as error:
             raise ConfigError(
                 f"the Keras model {serve_fn.name!r} cannot be copied into the export's graph "
-                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}): give "
+                f"({type(error).__name__}: {(str(error).splitlines() or [''])[0]}): give "
                 "serve_fn=lambda x: make_model()(x, training=False), a function that builds the model "
                 "as training did, with the same names"
             ) from error

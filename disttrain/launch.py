@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -136,15 +135,8 @@ def _evaluate(
             "chief, or give eval_fn"
         )
     build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
-    started = time.time()  # a result.json older than this is an earlier run's
     evaluation.evaluate_checkpoints(
-        logdir,
-        build,
-        eval_steps,
-        steps,
-        settings.peer_wait_secs,
-        export_best,
-        finished=lambda: trainer.chief_result_step(logdir, cluster, written_after=started),
+        logdir, build, eval_steps, steps, settings.peer_wait_secs, export_best, cluster=cluster
     )
 
 

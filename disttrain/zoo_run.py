@@ -9,7 +9,6 @@ pipeline become a loss function (`zoo_loss_fn`), and each role of
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -83,7 +82,6 @@ def _train(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
 
 def _evaluate(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> int:
     """Evaluate each new checkpoint on the same batches of the eval input; stop after the last one."""
-    started = time.time()  # a result.json older than this is an earlier run's
     model = config.model
     input_fn = config.eval_input_fn
     if input_fn is None:
@@ -105,7 +103,7 @@ def _evaluate(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> i
         config.eval_steps,
         config.train_steps,
         config.peer_wait_secs,
-        finished=lambda: trainer.chief_result_step(logdir, cluster, written_after=started),
+        cluster=cluster,
     )
     return 0
 
