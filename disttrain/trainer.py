@@ -190,12 +190,20 @@ class _StopAtStep(v1.train.StopAtStepHook):
     from that one step. `reached` says whether it stopped training. With
     several steps per run it feeds the last step to `stop_at` (the
     strategy's placeholder, or None), so that no step of a run goes past it.
+    It compares `step_read` (the strategy's `stop_step_read`) when given,
+    else the global step.
     """
 
-    def __init__(self, last_step: int, stop_at: tf.Tensor | None = None):
+    def __init__(self, last_step: int, stop_at: tf.Tensor | None = None, step_read: tf.Tensor | None = None):
         super().__init__(last_step=last_step)
         self.reached = False
         self._feed = {stop_at: last_step} if stop_at is not None else None
+        self._step_read = step_read
+
+    def begin(self):
+        super().begin()
+        if self._step_read is not None:
+            self._global_step_tensor = self._step_read
 
     def before_run(self, run_context):
         return v1.train.SessionRunArgs(self._global_step_tensor, feed_dict=self._feed)
@@ -553,7 +561,7 @@ def monitored_session(
     throughput = _throughput_hook(cluster, strategy, logdir, settings, batch_size, global_step)
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
-    stop_at = _StopAtStep(last_step=steps, stop_at=strategy.stop_at)
+    stop_at = _StopAtStep(last_step=steps, stop_at=strategy.stop_at, step_read=strategy.stop_step_read)
     # The fed inputs start first: a strategy's hook may run steps when its session starts.
     all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)

@@ -125,9 +125,17 @@ class AsyncParameterServer(PsStrategy):
             # its PS, where that small read waits behind the pull in flight (one TCP stream).
             mirror = _local_variable(global_step.read_value, "global_step")
             with tf.control_dependencies([push]):
-                pulls.append(mirror.assign(global_step.read_value(), read_value=False))
-            with tf.control_dependencies(pulls):
-                self.transfer_op = applied.assign_add(1, read_value=False)
+                after = global_step.read_value()
+                pulls.append(mirror.assign(after, read_value=False))
+        with tf.device(worker), tf.name_scope("stop_step"):
+            # The global step less this replica's rounds pushed so far, this one included: plus
+            # `queued`, the step once its queue is applied, written in one assign. The loop stops
+            # by it, so that its own gradients in flight take it no further than the last step.
+            before_queue = _local_variable(global_step.read_value, "global_step_before_queue")
+            pulls.append(before_queue.assign(after - applied.read_value() - 1, read_value=False))
+            self.stop_step_read = before_queue.read_value() + queued.read_value()
+        with tf.device(worker), tf.control_dependencies(pulls):
+            self.transfer_op = applied.assign_add(1, read_value=False)
         self.global_step_read = mirror.read_value()
         tf_internals.set_global_step_read(graph, self.global_step_read)
         self._loop = _TransferLoop(

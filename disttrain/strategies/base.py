@@ -319,6 +319,9 @@ class Strategy(abc.ABC):
         # What a step fetches as the global step, where reading the variable itself would cost
         # the step a round trip to its PS (set by apply_gradients; None: read the variable).
         self.global_step_read: tf.Tensor | None = None
+        # What the loop compares with the last step, where this replica's updates still in flight
+        # would take the global step past it (set by apply_gradients; None: the global step).
+        self.stop_step_read: tf.Tensor | None = None
         self.tower = 0  # the tower whose loss is being built (towers call loss_fn in turn)
         self.batch_size: int | None = None  # examples per tower and step, when minimize() is told
         # This replica's towers that read real data this step (float32), when its input comes

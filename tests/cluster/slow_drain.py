@@ -1,11 +1,14 @@
 """A test-only AsyncParameterServer (overlap) whose replica 1 holds its last transfer rounds at a gate.
 
 Imported into task processes by a gin file (`import tests.cluster.slow_drain`).
-Replica 1's transfer loop, in any round that starts once its mirror of the
-global step has reached `last_step`, writes `<gate_file>.held` and waits
-(at most 300 s) until `gate_file` exists before pushing. That replica's next
-step reads the same mirror, so it stops there and ends in the drain, waiting
-for those rounds: the test lets the PS leave meanwhile, then opens the gate.
+Replica 1's transfer loop, in any round that starts once the step the
+replica stops by (`stop_step_read`: its global step with its own queued
+gradients counted) is within one of `last_step`, writes `<gate_file>.held`
+and waits (at most 300 s) until `gate_file` exists before pushing. The one
+(counted or not yet, as the round dequeues it) takes the replica to the last
+step at its next step, at the latest, so it stops there and ends in the
+drain, waiting for those rounds: the test lets the PS leave meanwhile, then
+opens the gate.
 Fault injection stays out of the library's public constructors.
 """
 
@@ -35,13 +38,13 @@ class SlowDrainAsyncParameterServer(AsyncParameterServer):
         (dequeue,) = [op for op in built if op.type.startswith("QueueDequeue")]
         pushes = [op for op in built if op.type.startswith("ResourceApply")]
         with tf.device(self.compute_devices[0]):
-            held = tf.numpy_function(self._hold, [self.global_step_read, dequeue.outputs[0]], tf.int64)
+            held = tf.numpy_function(self._hold, [self.stop_step_read, dequeue.outputs[0]], tf.int64)
         for push in pushes:
             tf_internals.add_control_input(push, held.op)
         return step
 
-    def _hold(self, mirror, _):
-        if mirror >= self.last_step:
+    def _hold(self, stop_step, _):
+        if stop_step >= self.last_step - 1:
             open(f"{self.gate_file}.held", "w").close()
             deadline = time.monotonic() + 300
             while not os.path.exists(self.gate_file) and time.monotonic() < deadline:

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from disttrain import AsyncParameterServer, Cluster
+from disttrain import AsyncParameterServer, Cluster, tf_internals, trainer
 from disttrain.errors import ConfigError
 from disttrain.local import free_port
 
@@ -93,6 +93,51 @@ def test_pipelined_training_applies_every_gradient_before_the_session_closes():
     steps, value = final.values
     assert steps == 40  # every queued gradient applied once, none dropped, none twice
     assert value == pytest.approx(1.0, abs=0.05)  # converges despite stale gradients
+
+
+def test_the_step_the_loop_stops_by_counts_this_replicas_gradients_in_flight():
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True)
+    with tf.Graph().as_default():
+        train_op, _, global_step = quadratic(strategy)
+        steps = [strategy.global_step_read, strategy.stop_step_read]
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            session.run(v1.local_variables_initializer())
+            session.run(train_op)
+            session.run(strategy.transfer_op)
+            session.run(train_op)  # queued, not applied
+            assert session.run(steps) == [1, 2]
+            session.run(strategy.transfer_op)
+            assert session.run(steps) == [2, 2]
+            session.run(global_step.assign_add(5))  # other replicas' updates, seen at the next push
+            session.run(train_op)
+            assert session.run(steps) == [2, 3]
+            session.run(strategy.transfer_op)
+            assert session.run(steps) == [8, 8]
+
+
+def slowed_transfer_loop(graph, secs):
+    """Make each round of the graph's transfer loop wait `secs` between its dequeue and its push."""
+    (dequeue,) = [op for op in graph.get_operations() if op.type.startswith("QueueDequeue")]
+    pushes = [op for op in graph.get_operations() if op.type.startswith("ResourceApply")]
+    held = tf.numpy_function(lambda _: (time.sleep(secs), np.int64(0))[1], [dequeue.outputs[0]], tf.int64)
+    for push in pushes:
+        tf_internals.add_control_input(push, held.op)
+
+
+def test_one_process_stops_at_the_last_step_while_its_transfer_loop_lags():
+    # The mirror of the global step lags the steps taken by the queue and the round in flight: stopping
+    # by it, a replica alone trained 1-2 steps past the last (12 of 10 here).
+    strategy = AsyncParameterServer(Cluster.local(), overlap=True)
+    with tf.Graph().as_default() as graph:
+        train_op, _, global_step = quadratic(strategy, lr=0.1)
+        slowed_transfer_loop(graph, 0.05)
+        stop = trainer._StopAtStep(last_step=10, step_read=strategy.stop_step_read)
+        final = _Final(global_step)
+        with v1.train.MonitoredTrainingSession(hooks=[*strategy.hooks(), stop, final]) as session:
+            while not session.should_stop():
+                session.run(train_op)
+    assert stop.reached and final.values == 10
 
 
 def test_the_drain_does_not_wait_for_a_transfer_loop_that_stopped():
