@@ -169,9 +169,10 @@ class ThroughputHook(v1.train.SessionRunHook):
 
     Fetches the loss and global step with every run (scalars, read in
     parallel with the run) so that a NaN is caught at the run it appears
-    in. A run of several steps (`steps_per_run`) counts all of them and
-    reports its last step's loss. The first interval includes start-up and
-    is left out of the means.
+    in. A run of several steps (`steps_per_run`) counts those that trained
+    (`steps_trained`: with data, before the last step) and reports its last
+    step's loss. The first interval includes start-up and is left out of
+    the means.
     """
 
     def __init__(
@@ -187,10 +188,13 @@ class ThroughputHook(v1.train.SessionRunHook):
         decay_threshold: float = 0.0,
         decay_window: int = 3,
         data_weight: tf.Tensor | None = None,
+        steps_trained: tf.Tensor | None = None,
     ):
         self._fetches = {"loss": loss, "global_step": global_step}
-        if data_weight is not None:  # a step in which no tower had data (Join) trained nothing
+        if data_weight is not None:  # the run's last step had no data (Join): its loss is a stand-in's
             self._fetches["data_weight"] = data_weight
+        if steps_trained is not None:  # steps without data, or past the last step, trained nothing
+            self._fetches["steps_trained"] = steps_trained
         self._per_local = examples_per_local_step
         self._per_global = examples_per_global_step
         self._every_n = every_n
@@ -220,16 +224,21 @@ class ThroughputHook(v1.train.SessionRunHook):
         return v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
-        if run_values.results.get("data_weight", 1) <= 0:
-            return  # its data has ended: it computed a stand-in batch, not counted
-        loss, step = float(run_values.results["loss"]), int(run_values.results["global_step"])
-        if not math.isfinite(loss):
+        results = run_values.results
+        trained = int(results.get("steps_trained", run_steps.steps_in(run_context)))
+        if trained == 0:
+            return  # its data has ended: it computed stand-in batches, not counted
+        loss, step = float(results["loss"]), int(results["global_step"])
+        real = results.get("data_weight", 1) > 0  # else the loss is the stand-in batch's
+        if real and not math.isfinite(loss):
             raise DivergedError(
                 f"loss is {loss} at global step {step}: stopping; the last checkpoint is kept"
             )
         r = self.result
-        r.local_steps += run_steps.steps_in(run_context)
-        r.global_step, r.final_loss = step, loss
+        r.local_steps += trained
+        r.global_step = step
+        if real:
+            r.final_loss = loss
         if self._mark_global is None:  # the first step includes start-up: measure from its end
             self._mark_global, self._mark_step = step, r.local_steps
             self._mark = time.perf_counter()

@@ -271,7 +271,7 @@ class _InputEnded(v1.train.SessionRunHook):
 
     def __init__(self, task: str, strategy: Strategy, global_step: tf.Tensor):
         self._task, self._global_step = task, global_step
-        self._fetch = {"no_data": strategy.no_data, "step": global_step}
+        self._fetch = {"no_data": strategy.no_data}
         self._whose = "the group's" if strategy.synchronous else "this replica's"
 
     def before_run(self, run_context):
@@ -279,9 +279,11 @@ class _InputEnded(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         if run_values.results["no_data"]:
+            # The step fetched with the run may be read before its steps: read it again.
+            step = run_context.session.run(self._global_step)
             log.info(
                 f"{self._task}: every one of {self._whose} input pipelines has ended (at global step "
-                f"{run_values.results['step']}): training is over"
+                f"{step}): training is over"
             )
             run_context.request_stop()
 
@@ -645,6 +647,7 @@ def _throughput_hook(
         decay_threshold=settings.decay_threshold,
         decay_window=settings.decay_window,
         data_weight=strategy.data_weight,
+        steps_trained=strategy.steps_trained,
     )
 
 

@@ -327,6 +327,9 @@ class Strategy(abc.ABC):
         # This replica's towers that read real data this step (float32), when its input comes
         # through InputContext.get_next (None: it never ends; see input_context.joined).
         self.data_weight: tf.Tensor | None = None
+        # How many of a run's steps trained (int64): those with data, before `stop_at`. None: every
+        # step of every run (input that never ends, one step per run).
+        self.steps_trained: tf.Tensor | None = None
         # True in a step that had no data where this strategy's update needs some, so that the
         # update was skipped and training is over for this replica (set by when_data; None: never).
         self.no_data: tf.Tensor | None = None
@@ -619,16 +622,32 @@ class Strategy(abc.ABC):
         self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
-        self.stop_at = self._run_start = None
+        self.stop_at = self._run_start = self.steps_trained = None
         self._global_step = global_step
         train_op = None
+        trained = []
         for step in range(self.steps_per_run):
             self.step_in_run = step
             with self._after_step(train_op):
                 train_op = self._build_step(optimizer, loss, global_step, check_numerics, clip)
+            trained.append(self._trained())
         if self.steps_per_run > 1:
             run_steps.mark(train_op, self.steps_per_run)
+        self.steps_trained = None if None in trained else tf.add_n(trained, name="steps_trained")
         return train_op
+
+    def _trained(self) -> tf.Tensor | None:
+        """1 (int64) if the step just built trained: it had data and came before `stop_at`; else 0.
+
+        None when every step trains (input that never ends, one step per run).
+        """
+        conditions = [c for c in (self._before_the_end(), self.data_weight) if c is not None]
+        if not conditions:
+            return None
+        with tf.name_scope("trained"):
+            if self.data_weight is not None:
+                conditions[-1] = self.data_weight > 0
+            return tf.cast(tf.reduce_all(tf.stack(conditions)), tf.int64)
 
     @contextlib.contextmanager
     def _after_step(self, previous: tf.Operation | None):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import disttrain
 from disttrain import (
     AsyncParameterServer,
     Cluster,
@@ -98,14 +99,20 @@ class Trained:
         self.session.run(init)
         input_feeds.start_inputs(self.session)  # the NumPy arrays are fed when the input starts
         self.no_data: list[bool] = []
+        self.steps_trained: list[int] = []
         for _ in range(runs):
             self.run()
 
     def run(self, feed=None):
-        """One run of the train op; notes whether its (last) step had no data."""
-        fetches = [self.train_op] + ([self.strategy.no_data] if self.strategy.no_data is not None else [])
-        out = self.session.run(fetches, feed)
-        self.no_data.append(bool(out[1]) if len(out) > 1 else False)
+        """One run of the train op; notes whether its (last) step had no data, and its steps that trained."""
+        fetches = {
+            "train": self.train_op,
+            "no_data": self.strategy.no_data,
+            "trained": self.strategy.steps_trained,
+        }
+        out = self.session.run({k: v for k, v in fetches.items() if v is not None}, feed)
+        self.no_data.append(bool(out.get("no_data", False)))
+        self.steps_trained.append(int(out.get("trained", self.strategy.steps_per_run)))
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
@@ -191,6 +198,7 @@ def test_steps_of_a_run_after_the_data_ended_change_nothing_and_the_run_says_so(
     # 7 batches, 3 steps per run: the third run's last two steps have no data.
     got = Trained(SyncAllReduce, batch=8, runs=3, steps_per_run=3, rows=56, repeat=False)
     assert got.no_data == [False, False, True] and got.global_step == 7
+    assert got.steps_trained == [3, 3, 1]  # what the loop counts as this replica's local steps
     assert_same(got, Trained(SyncAllReduce, batch=8, runs=7, rows=56, repeat=False))
 
 
@@ -198,8 +206,30 @@ def test_a_run_makes_no_step_past_the_last_one():
     got = Trained(AsyncParameterServer, batch=8, runs=0, steps_per_run=4)
     for _ in range(3):
         got.run({got.strategy.stop_at: 6})
-    assert got.global_step == 6
+    assert got.global_step == 6 and got.steps_trained == [4, 2, 0]
     assert_same(got, Trained(AsyncParameterServer, batch=8, runs=6))
+
+
+@pytest.mark.parametrize("steps,rows,trained", [(100, 56, 7), (10, ROWS, 10)])
+def test_fit_counts_the_local_steps_that_trained_not_the_steps_each_run_could_make(
+    tmp_path, capfd, steps, rows, trained
+):
+    # 7 batches at 3 per run end in a run with 1 step of data (6 were counted); 10 steps end in a run
+    # that stops after 1 (12 were counted).
+    with tf.Graph().as_default():
+        result = disttrain.fit(
+            make_loss_fn(8, rows=rows, repeat=rows == ROWS),
+            lambda: v1.train.GradientDescentOptimizer(0.1),
+            steps=steps,
+            logdir=str(tmp_path),
+            batch_size=8,
+            steps_per_run=3,
+            strategy=AsyncParameterServer,
+            cluster=Cluster.local(),
+        )
+    assert (result.local_steps, result.global_step) == (trained, trained)
+    ended = [line for line in "".join(capfd.readouterr()).splitlines() if "input pipelines has ended" in line]
+    assert len(ended) == (rows != ROWS) and all(f"(at global step {trained})" in m for m in ended), ended
 
 
 # ---- what is refused ----------------------------------------------------------------------------
