@@ -33,6 +33,7 @@ log = logging.getLogger("disttrain")
 
 _DONE_QUEUE = "disttrain_done"
 _PREEMPT_QUEUE = "disttrain_preempt"
+_FINISHED_QUEUE = "disttrain_finished"
 
 
 # ---- servers and peers ------------------------------------------------------
@@ -399,6 +400,23 @@ def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0, only:
         log.warning(
             f"{cluster.task_name}: could not tell {', '.join(missed)} that this replica is done "
             f"within {timeout_secs:.0f} s (gone meanwhile?); exiting anyway"
+        )
+
+
+def finished_queue(num_replicas: int):
+    """PS 0's queue of the replicas that have finished training (their index each): the chief reads its size.
+
+    A replica posts once its own training has ended and its updates are
+    applied; an asynchronous chief waits for the others' posts before its
+    final checkpoint. Shared by name, so it outlives a restarted chief.
+    """
+    with tf.device("/job:ps/task:0"):
+        return v1.FIFOQueue(
+            capacity=max(num_replicas, 1) * 4,
+            dtypes=[tf.int32],
+            shapes=[[]],
+            shared_name=_FINISHED_QUEUE,
+            name=_FINISHED_QUEUE,
         )
 
 

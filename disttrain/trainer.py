@@ -366,6 +366,102 @@ class StepWatch(v1.train.SessionRunHook):
             self._watch.hooks_done()
 
 
+def _finish_together(cluster: Cluster, strategy: Strategy, settings: RunSettings, global_step) -> list:
+    """Under an asynchronous PS strategy, a chief that finishes first waits for the others' updates.
+
+    Each replica's training ends on its own (its input, or the last step as
+    it sees it), and the chief's final checkpoint is the run's model: one
+    whose data ended first used to write it while the others still trained
+    (their updates, up to most of the run's, in no checkpoint). Sync
+    strategies end together. The hooks go after the strategy's (the
+    overlap's drain) and before the checkpoint saver.
+    """
+    if strategy.synchronous or not strategy.uses_ps or cluster.is_local or cluster.num_replicas < 2:
+        return []
+    finished = servers.finished_queue(cluster.num_replicas)
+    if not cluster.is_chief:
+        return [_ReportFinished(finished.enqueue(cluster.replica_index))]
+    return [
+        _AwaitReplicas(
+            cluster.task_name,
+            finished.size(),
+            cluster.num_replicas - 1,
+            global_step,
+            settings.peer_wait_secs,
+            strategy.global_step_refresh,
+        )
+    ]
+
+
+class _ReportFinished(v1.train.SessionRunHook):
+    """At the end of a replica's training (not a preemption's), tells the chief it has finished."""
+
+    def __init__(self, enqueue: tf.Operation):
+        self._enqueue = enqueue
+
+    def end(self, session):
+        if preemption.requested():
+            return  # it comes back
+        with contextlib.suppress(tf.errors.OpError):  # PS 0 gone: the chief has checkpointed
+            session.run(self._enqueue, options=v1.RunOptions(timeout_in_ms=10_000))
+
+
+class _AwaitReplicas(v1.train.SessionRunHook):
+    """At the end of the chief's training, waits until the other replicas have finished theirs.
+
+    Bounded: it stops waiting once the global step has not moved for
+    `idle_secs` (a replica that died and was not restarted trains no more).
+    Then runs `refresh` (the strategy's `global_step_refresh`): the final
+    checkpoint is named by the step the hooks read, which a mirror of the
+    global step would give as of the chief's own last update (and, at a
+    step already saved, the saver would write nothing).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        finished: tf.Tensor,
+        others: int,
+        global_step: tf.Tensor,
+        idle_secs: float,
+        refresh: tf.Operation | None,
+    ):
+        self._task, self._finished, self._others = task, finished, others
+        self._global_step, self._idle_secs, self._refresh = global_step, idle_secs, refresh
+        self.final_step: int | None = None  # the global step once the others have finished
+
+    def end(self, session):
+        if preemption.requested():
+            return
+        self._await(session)
+        if self._refresh is not None:
+            session.run(self._refresh)
+        self.final_step = int(session.run(self._global_step))
+
+    def _await(self, session):
+        finished, step = session.run([self._finished, self._global_step])
+        if finished >= self._others:
+            return
+        log.info(
+            f"{self._task}: its training has ended at global step {step}; waiting for the other replicas' "
+            f"({finished} of {self._others} finished) before the final checkpoint"
+        )
+        moved = time.monotonic()
+        while finished < self._others:
+            if time.monotonic() - moved > self._idle_secs:
+                log.warning(
+                    f"{self._task}: {self._others - finished} replica(s) have not finished and the global "
+                    f"step has stayed at {step} for {self._idle_secs:.0f} s (peer_wait_secs): writing "
+                    "the final checkpoint without them"
+                )
+                return
+            time.sleep(0.2)
+            finished, now = session.run([self._finished, self._global_step])
+            if now != step:
+                step, moved = now, time.monotonic()
+        log.info(f"{self._task}: every replica has finished, at global step {step}")
+
+
 class _LostPeerLog(logging.Filter):
     """Keeps the errors behind MonitoredSession's silent session re-creation.
 
@@ -574,6 +670,7 @@ def monitored_session(
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
         notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
+    all_hooks += _finish_together(cluster, strategy, settings, v1.train.get_global_step())
     all_hooks.append(
         recovery.PreemptionHook(
             v1.train.get_global_step(),
@@ -610,6 +707,10 @@ def monitored_session(
             _closing(watchdog, cluster, settings)
     watchdog.stop()
     result = session.result = throughput.result
+    # The chief's own training ended before the others' updates (async): the run's last step is theirs.
+    for hook in all_hooks:
+        if isinstance(hook, _AwaitReplicas) and hook.final_step is not None:
+            result.global_step = max(result.global_step, hook.final_step)
     write_result(logdir, job, index, result)
     log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "

@@ -137,6 +137,8 @@ class AsyncParameterServer(PsStrategy):
         with tf.device(worker), tf.control_dependencies(pulls):
             self.transfer_op = applied.assign_add(1, read_value=False)
         self.global_step_read = mirror.read_value()
+        with tf.device(worker):
+            self.global_step_refresh = mirror.assign(global_step.read_value(), read_value=False)
         tf_internals.set_global_step_read(graph, self.global_step_read)
         self._loop = _TransferLoop(
             queue,

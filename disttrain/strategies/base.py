@@ -319,6 +319,9 @@ class Strategy(abc.ABC):
         # What a step fetches as the global step, where reading the variable itself would cost
         # the step a round trip to its PS (set by apply_gradients; None: read the variable).
         self.global_step_read: tf.Tensor | None = None
+        # An op that brings global_step_read up to the global step, run at the end of training before
+        # the final checkpoint, which is named by it (None: global_step_read is None).
+        self.global_step_refresh: tf.Operation | None = None
         # What the loop compares with the last step, where this replica's updates still in flight
         # would take the global step past it (set by apply_gradients; None: the global step).
         self.stop_step_read: tf.Tensor | None = None
