@@ -366,7 +366,9 @@ class StepWatch(v1.train.SessionRunHook):
             self._watch.hooks_done()
 
 
-def _finish_together(cluster: Cluster, strategy: Strategy, settings: RunSettings, global_step) -> list:
+def _finish_together(
+    cluster: Cluster, strategy: Strategy, settings: RunSettings, global_step, saver, logdir: str
+) -> list:
     """Under an asynchronous PS strategy, a chief that finishes first waits for the others' updates.
 
     Each replica's training ends on its own (its input, or the last step as
@@ -381,6 +383,16 @@ def _finish_together(cluster: Cluster, strategy: Strategy, settings: RunSettings
     finished = servers.finished_queue(cluster.num_replicas)
     if not cluster.is_chief:
         return [_ReportFinished(finished.enqueue(cluster.replica_index))]
+    save = timer = None
+    if settings.save_checkpoint_steps or settings.save_checkpoint_secs:  # as the checkpoint saver hook
+        timer = v1.train.SecondOrStepTimer(
+            every_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
+            every_steps=settings.save_checkpoint_steps,
+        )
+
+        def save(session, step):
+            saver.save(session, os.path.join(logdir, "model.ckpt"), global_step=step)
+
     return [
         _AwaitReplicas(
             cluster.task_name,
@@ -389,6 +401,8 @@ def _finish_together(cluster: Cluster, strategy: Strategy, settings: RunSettings
             global_step,
             settings.peer_wait_secs,
             strategy.global_step_refresh,
+            save,
+            timer,
         )
     ]
 
@@ -411,10 +425,13 @@ class _AwaitReplicas(v1.train.SessionRunHook):
 
     Bounded: it stops waiting once the global step has not moved for
     `idle_secs` (a replica that died and was not restarted trains no more).
-    Then runs `refresh` (the strategy's `global_step_refresh`): the final
-    checkpoint is named by the step the hooks read, which a mirror of the
-    global step would give as of the chief's own last update (and, at a
-    step already saved, the saver would write nothing).
+    A preemption ends it at once. While it waits, `save(session, step)`
+    writes a checkpoint as often as training would (`timer`, on the global
+    step): the others may train for long. Then it runs `refresh` (the
+    strategy's `global_step_refresh`): the final checkpoint is named by the
+    step the hooks read, which a mirror of the global step would give as of
+    the chief's own last update (and, at a step already saved, the saver
+    would write nothing).
     """
 
     def __init__(
@@ -424,16 +441,18 @@ class _AwaitReplicas(v1.train.SessionRunHook):
         others: int,
         global_step: tf.Tensor,
         idle_secs: float,
-        refresh: tf.Operation | None,
+        refresh: tf.Operation | None = None,
+        save: Callable | None = None,
+        timer: v1.train.SecondOrStepTimer | None = None,
     ):
         self._task, self._finished, self._others = task, finished, others
         self._global_step, self._idle_secs, self._refresh = global_step, idle_secs, refresh
+        self._save, self._timer = save, timer
         self.final_step: int | None = None  # the global step once the others have finished
 
     def end(self, session):
-        if preemption.requested():
-            return
-        self._await(session)
+        if not preemption.requested():
+            self._await(session)
         if self._refresh is not None:
             session.run(self._refresh)
         self.final_step = int(session.run(self._global_step))
@@ -447,7 +466,9 @@ class _AwaitReplicas(v1.train.SessionRunHook):
             f"({finished} of {self._others} finished) before the final checkpoint"
         )
         moved = time.monotonic()
-        while finished < self._others:
+        if self._timer is not None:
+            self._timer.update_last_triggered_step(step)
+        while finished < self._others and not preemption.requested():
             if time.monotonic() - moved > self._idle_secs:
                 log.warning(
                     f"{self._task}: {self._others - finished} replica(s) have not finished and the global "
@@ -459,7 +480,11 @@ class _AwaitReplicas(v1.train.SessionRunHook):
             finished, now = session.run([self._finished, self._global_step])
             if now != step:
                 step, moved = now, time.monotonic()
-        log.info(f"{self._task}: every replica has finished, at global step {step}")
+            if self._save is not None and self._timer.should_trigger_for_step(step):
+                self._timer.update_last_triggered_step(step)
+                self._save(session, step)
+        if finished >= self._others:
+            log.info(f"{self._task}: every replica has finished, at global step {step}")
 
 
 class _LostPeerLog(logging.Filter):
@@ -670,7 +695,7 @@ def monitored_session(
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
         notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
-    all_hooks += _finish_together(cluster, strategy, settings, v1.train.get_global_step())
+    all_hooks += _finish_together(cluster, strategy, settings, v1.train.get_global_step(), saver, logdir)
     all_hooks.append(
         recovery.PreemptionHook(
             v1.train.get_global_step(),
