@@ -225,7 +225,10 @@ class ThroughputHook(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         results = run_values.results
-        trained = int(results.get("steps_trained", run_steps.steps_in(run_context)))
+        if "steps_trained" in results:
+            trained = int(results["steps_trained"])
+        else:  # every step of the run trained
+            trained = run_steps.steps_in(run_context)
         if trained == 0:
             return  # its data has ended: it computed stand-in batches, not counted
         loss, step = float(results["loss"]), int(results["global_step"])
