@@ -21,22 +21,22 @@ import tensorflow as tf  # noqa: E402
 tf.compat.v1.disable_eager_execution()
 
 
-@pytest.fixture
-def fresh_console():
-    """disttrain's console handler made anew for the test, so it writes to this test's captured stdout.
+@pytest.fixture(autouse=True)
+def _disttrain_logger_as_found():
+    """disttrain's logger left after every test as the test found it: handlers, propagate and level.
 
-    `fit` adds the handler once per process, on the sys.stdout of that moment:
-    in-process tests that call `fit` would write to an earlier test's closed capture.
+    `fit` and the entry points add a console handler once per process, on the
+    sys.stdout of that moment (a test's capture), and turn propagation off.
+    Left in place, a later test's lines would go to that closed capture
+    ("I/O operation on closed file") or past caplog, depending on which test
+    the worker happened to run before.
     """
-
-    def drop():
-        logger = logging.getLogger("disttrain")
-        for handler in [h for h in logger.handlers if getattr(h, "_disttrain", False)]:
-            logger.removeHandler(handler)
-
-    drop()
+    logger = logging.getLogger("disttrain")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
     yield
-    drop()
+    for handler in [h for h in logger.handlers if h not in handlers]:
+        logger.removeHandler(handler)
+    logger.propagate, logger.level = propagate, level
 
 
 UNIT = os.path.join(REPO, "tests", "unit")

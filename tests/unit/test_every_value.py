@@ -23,8 +23,6 @@ import disttrain
 from disttrain.cluster import Cluster
 from tests import REPO, reading_model
 
-pytestmark = pytest.mark.usefixtures("fresh_console")
-
 STEPS = 6
 
 # RunSettings field -> the values that run besides its default (every other run has the default).

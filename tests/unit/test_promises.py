@@ -28,7 +28,6 @@ from tests import reading_model
 from tests.cluster.helpers import scalars
 
 v1 = tf.compat.v1
-pytestmark = pytest.mark.usefixtures("fresh_console")
 
 
 def other_model(ctx):
