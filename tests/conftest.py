@@ -22,21 +22,25 @@ tf.compat.v1.disable_eager_execution()
 
 
 @pytest.fixture(autouse=True)
-def _disttrain_logger_as_found():
-    """disttrain's logger left after every test as the test found it: handlers, propagate and level.
+def _disttrain_logger_fresh():
+    """disttrain's logger as a new process has it, before and after every test.
 
     `fit` and the entry points add a console handler once per process, on the
-    sys.stdout of that moment (a test's capture), and turn propagation off.
-    Left in place, a later test's lines would go to that closed capture
-    ("I/O operation on closed file") or past caplog, depending on which test
-    the worker happened to run before.
+    sys.stdout of that moment (a test's capture, or a module fixture's), and
+    turn propagation off. Left in place, a later test's lines would go to that
+    closed capture ("I/O operation on closed file") or past caplog, depending
+    on which test the worker happened to run before.
     """
-    logger = logging.getLogger("disttrain")
-    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+
+    def fresh():
+        logger = logging.getLogger("disttrain")
+        for handler in [h for h in logger.handlers if getattr(h, "_disttrain", False)]:
+            logger.removeHandler(handler)
+        logger.propagate, logger.level = True, logging.NOTSET
+
+    fresh()
     yield
-    for handler in [h for h in logger.handlers if h not in handlers]:
-        logger.removeHandler(handler)
-    logger.propagate, logger.level = propagate, level
+    fresh()
 
 
 UNIT = os.path.join(REPO, "tests", "unit")

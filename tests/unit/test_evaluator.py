@@ -1,7 +1,6 @@
 """The evaluator role in-process, beside a local run that writes its checkpoints."""
 
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -30,7 +29,7 @@ def train(steps: int, logdir: str) -> None:
         assert zoo_run.run(Cluster.local(), tiny_config(steps), logdir) == 0
 
 
-def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, caplog):
+def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, capsys):
     logdir = str(tmp_path)
     calls, consumed = [], []
 
@@ -51,14 +50,13 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
 
     final = dataclasses.replace(tiny_config(4), eval_input_fn=held_out)
     evaluator = threading.Thread(target=zoo_run.run, args=(EVALUATOR_TASK, final, logdir))
-    with caplog.at_level(logging.WARNING, logger="disttrain"):
-        evaluator.start()
-        train(2, logdir)  # a checkpoint at step 2
-        deadline = time.monotonic() + 60
-        while len(consumed) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        train(4, logdir)  # and one at step 4
-        evaluator.join(timeout=120)
+    evaluator.start()
+    train(2, logdir)  # a checkpoint at step 2
+    deadline = time.monotonic() + 60
+    while len(consumed) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    train(4, logdir)  # and one at step 4
+    evaluator.join(timeout=120)
     assert not evaluator.is_alive()
     # The chief also saves at step 0 when its session starts: the evaluator may find that one first.
     evaluated = [step for step, _ in scalars(os.path.join(logdir, "eval"), "eval/loss")]
@@ -68,14 +66,19 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
     starts = [k for k, i in enumerate(consumed) if i == 0]
     assert len(starts) == len(evaluated), consumed
     assert all(consumed[k : k + 3] == [0, 1, 2] for k in starts), consumed
-    assert "eval_input_fn is not set" not in caplog.text
+    out = capsys.readouterr().out
+    assert "evaluator: step 4 " in out, out  # the console is read, so the next line can fail
+    assert "eval_input_fn is not set" not in out
 
 
-def test_without_eval_input_fn_the_evaluator_says_it_measures_training_data(tmp_path, caplog):
+def test_without_eval_input_fn_the_evaluator_says_it_measures_training_data(tmp_path, capsys):
     train(2, str(tmp_path))
     config = tiny_config(2)
-    with caplog.at_level(logging.WARNING, logger="disttrain"):
-        assert zoo_run.run(EVALUATOR_TASK, config, str(tmp_path)) == 0
+    capsys.readouterr()
+    assert zoo_run.run(EVALUATOR_TASK, config, str(tmp_path)) == 0
     for name in ("eval/loss", "eval/accuracy"):  # the zoo evaluator's two (docs/cluster.md)
         assert [step for step, _ in scalars(os.path.join(str(tmp_path), "eval"), name)] == [2], name
-    assert "evaluates on the training input" in caplog.text
+    [said] = [
+        line for line in capsys.readouterr().out.splitlines() if "evaluates on the training input" in line
+    ]
+    assert "WARNING" in said
