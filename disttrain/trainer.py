@@ -76,6 +76,11 @@ def build(
     def checked(loss):
         return tf.debugging.check_numerics(loss, f"{NON_FINITE} loss") if check_numerics else loss
 
+    if not callable(optimizer_fn):
+        raise ConfigError(
+            "optimizer_fn must be a function that builds the optimizer, such as lambda: "
+            f"tf.compat.v1.train.AdamOptimizer(1e-3); got an object of type {type(optimizer_fn).__name__}"
+        )
     if input_context.takes_context(loss_fn):
         checked_loss = lambda context: checked(loss_fn(context))
     else:

@@ -221,6 +221,40 @@ def visible_gpus() -> int:
     return len(tf.config.list_physical_devices("GPU"))
 
 
+# Keras optimizers and the tf.compat.v1.train optimizer a v1 graph takes instead.
+_V1_NAMES = {
+    "Adam": "AdamOptimizer",
+    "SGD": "GradientDescentOptimizer (MomentumOptimizer with momentum)",
+    "Adagrad": "AdagradOptimizer",
+    "RMSprop": "RMSPropOptimizer",
+    "Ftrl": "FtrlOptimizer",
+    "Adadelta": "AdadeltaOptimizer",
+}
+
+
+def _check_optimizer(optimizer) -> None:
+    """A ConfigError naming what to give, unless `optimizer` is a `tf.compat.v1.train.Optimizer`.
+
+    Every strategy builds a TF1 graph with the optimizer's `compute_gradients`
+    and `apply_gradients`; Keras optimizers (`tf.keras.optimizers.*`, Keras 3
+    or `tf_keras`) have no `compute_gradients`.
+    """
+    if isinstance(optimizer, v1.train.Optimizer):
+        return
+    if inspect.isroutine(optimizer) or isinstance(optimizer, functools.partial):
+        raise ConfigError(
+            "minimize() takes the optimizer, not a function that builds it: "
+            "strategy.minimize(optimizer_fn(), loss_fn)"
+        )
+    kind = type(optimizer)
+    v1_name = _V1_NAMES.get(kind.__name__)
+    instead = f"tf.compat.v1.train.{v1_name}" if v1_name else "a tf.compat.v1.train optimizer"
+    raise ConfigError(
+        f"the optimizer is of type {kind.__name__} ({kind.__module__.split('.')[0]}), not a "
+        f"tf.compat.v1.train.Optimizer, which disttrain's strategies need in their TF1 graphs; use {instead}"
+    )
+
+
 class Strategy(abc.ABC):
     """The base of every replica strategy: how the gradients of many replicas reach the variables.
 
@@ -609,6 +643,7 @@ class Strategy(abc.ABC):
         """
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
+        _check_optimizer(optimizer)
         self._take_clip(clip)
         self.batch_size = batch_size
         self.accumulate_steps = steps_count(accumulate_steps, "accumulate_steps")
