@@ -7,6 +7,7 @@ Plain Python: gin binds TrainConfig at the edge (`disttrain.configurables`);
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -62,6 +63,15 @@ _ACCEPTS = {
     "accumulate_steps": _Accepts(int, 1, none="1, no accumulation"),
     "steps_per_run": _Accepts(int, 1, none="1, one step per run"),
 }
+
+
+def whole_count(value, name: str) -> int:
+    """`value` as an int >= 1 (NumPy's integers and whole floats such as 1e6 too); else a ConfigError."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        value = int(value)
+    if problem := _Accepts(int, 1).problem(value):
+        raise ConfigError(f"{name} {problem}, got {value!r}")
+    return value
 
 
 def steps_count(value, name: str) -> int:

@@ -155,12 +155,22 @@ def flag_count(graph: tf.Graph) -> int:
 
 
 def takes_context(loss_fn: Callable) -> bool:
-    """True when `loss_fn` takes a positional argument (the InputContext); False for `loss_fn()`."""
+    """True when `loss_fn` takes a positional argument (the InputContext); False for `loss_fn()`.
+
+    A ConfigError when it needs more than one: disttrain has nothing else to give it.
+    """
     try:
         parameters = inspect.signature(loss_fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable: called as loss_fn()
         return False
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p.name for p in parameters if p.kind in positional and p.default is p.empty]
+    if len(required) > 1:
+        name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+        raise ConfigError(
+            f"{name}({', '.join(required)}) needs {len(required)} arguments: disttrain calls it with none, "
+            "or with one, the InputContext (bind the others with functools.partial)"
+        )
     return any(p.kind in positional or p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 

@@ -25,7 +25,7 @@ from disttrain import evaluation, exporting, logs, metrics, placement, preemptio
 from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
-from disttrain.config import RunSettings
+from disttrain.config import RunSettings, whole_count
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
 from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
@@ -62,8 +62,9 @@ def fit(
       scratch graph to plan placement when its variables all come from
       get_variable. It must build in the graph it is called in: an iterator
       or tensor it keeps between calls is kept per `v1.get_default_graph()`.
+      It returns the loss alone: a floating-point scalar tensor.
     optimizer_fn: returns a tf.compat.v1 optimizer (called inside the graph).
-    steps: training ends when the global step reaches this.
+    steps: training ends when the global step reaches this (an integer >= 1).
     logdir: checkpoints (restored on start), TensorBoard events, task results.
     strategy: a strategy class or a callable cluster -> strategy (e.g.
       `functools.partial(disttrain.AsyncParameterServer, overlap=True)`), or
@@ -91,6 +92,16 @@ def fit(
     """
     with errors_to_exit(cluster):
         settings = RunSettings.of(**settings)
+        steps, batch_size, eval_steps = (
+            whole_count(steps, "steps"),
+            whole_count(batch_size, "batch_size"),
+            whole_count(eval_steps, "eval_steps"),
+        )
+        if not isinstance(logdir, str | os.PathLike) or not os.fspath(logdir):
+            raise ConfigError(
+                f"logdir must be a directory path (checkpoints, events and results go there), got {logdir!r}"
+            )
+        logdir = os.fspath(logdir)
         if export_best is not None and not isinstance(export_best, exporting.BestExport):
             raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
         cluster = Cluster.from_env() if cluster is None else cluster

@@ -36,7 +36,7 @@ from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
-from disttrain.strategies.base import NON_FINITE, Strategy
+from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -74,6 +74,7 @@ def build(
     """
 
     def checked(loss):
+        loss = scalar_loss(loss)
         return tf.debugging.check_numerics(loss, f"{NON_FINITE} loss") if check_numerics else loss
 
     if not callable(optimizer_fn):

@@ -255,6 +255,29 @@ def _check_optimizer(optimizer) -> None:
     )
 
 
+def scalar_loss(loss):
+    """`loss` if it is a floating-point scalar tensor; else a ConfigError saying what to return."""
+    if isinstance(loss, tuple | list | dict):
+        raise ConfigError(
+            f"the loss function returned a {type(loss).__name__}: return the loss alone, a scalar tensor "
+            "(held-out metrics go in eval_fn)"
+        )
+    if not tf.is_tensor(loss):
+        raise ConfigError(
+            f"the loss function returned {type(loss).__name__}, not a tensor: return the loss, a scalar "
+            "tensor built in the graph the function is called in"
+        )
+    if not loss.dtype.is_floating:
+        raise ConfigError(f"the loss is {loss.dtype.name}: return a floating-point scalar")
+    if loss.shape.rank:
+        raise ConfigError(
+            f"the loss has shape {loss.shape.as_list()}: return a scalar, such as tf.reduce_mean of the "
+            "per-example losses (Keras losses such as tf.keras.losses.mean_squared_error return one per "
+            "example)"
+        )
+    return loss
+
+
 class Strategy(abc.ABC):
     """The base of every replica strategy: how the gradients of many replicas reach the variables.
 
@@ -655,6 +678,10 @@ class Strategy(abc.ABC):
             )
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
+        if callable(loss):
+            loss = functools.partial(lambda fn: scalar_loss(fn()), loss)
+        else:
+            scalar_loss(loss)
         if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
             loss = input_feeds.feeding(loss)
         self._plan_from_loss(loss)

@@ -1,5 +1,6 @@
 """disttrain.fit's argument handling, without servers: settings, strategy choice, roles."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -91,3 +92,105 @@ def test_minimize_takes_the_optimizer_not_its_function():
         with pytest.raises(ConfigError, match=r"^minimize\(\) takes the optimizer, not a function"):
             strategy.minimize(lambda: tf.compat.v1.train.AdamOptimizer(1e-3), _loss)
         assert strategy.minimize(tf.compat.v1.train.AdamOptimizer(1e-3), _loss) is not None
+
+
+def _per_example():
+    w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer())
+    return tf.square(w - tf.random.normal([8, 2]))[:, 0]
+
+
+def _needs_two(ctx, vocabulary):
+    return _loss()
+
+
+BAD_LOSSES = {
+    "per_example": (
+        _per_example,
+        "the loss has shape [8]: return a scalar, such as tf.reduce_mean of the per-example losses "
+        "(Keras losses such as tf.keras.losses.mean_squared_error return one per example)",
+    ),
+    "with_metrics": (
+        lambda: (_loss(), {"mae": tf.constant(0.0)}),
+        "the loss function returned a tuple: return the loss alone, a scalar tensor "
+        "(held-out metrics go in eval_fn)",
+    ),
+    "a_float": (
+        lambda: [_loss()][0].name and 0.5,
+        "the loss function returned float, not a tensor: return the loss, a scalar tensor built in the "
+        "graph the function is called in",
+    ),
+    "int32": (lambda: tf.cast(_loss(), tf.int32), "the loss is int32: return a floating-point scalar"),
+    "two_arguments": (
+        _needs_two,
+        "_needs_two(ctx, vocabulary) needs 2 arguments: disttrain calls it with none, or with one, the "
+        "InputContext (bind the others with functools.partial)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_LOSSES)
+@pytest.mark.parametrize("check_numerics", [True, False])
+def test_a_loss_function_that_does_not_return_a_scalar_loss_is_one_line(
+    tmp_path, capsys, case, check_numerics
+):
+    """The shapes a Keras user brings: per-example losses, (loss, metrics), an int; fit or minimize."""
+    loss_fn, said = BAD_LOSSES[case]
+    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
+        disttrain.fit(
+            loss_fn,
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            steps=3,
+            logdir=str(tmp_path),
+            cluster=Cluster.local(),
+            check_numerics=check_numerics,
+        )
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+    strategy = disttrain.SyncAllReduce(Cluster.local())
+    with tf.Graph().as_default(), strategy.scope(), pytest.raises(ConfigError) as raised:
+        strategy.minimize(tf.compat.v1.train.GradientDescentOptimizer(0.1), loss_fn)
+    assert str(raised.value) == said
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (dict(steps=None), "steps must be an integer >= 1, got None"),
+        (dict(steps=0), "steps must be >= 1, got 0"),
+        (dict(steps=2.5), "steps must be an integer >= 1, got 2.5"),
+        (dict(batch_size=None), "batch_size must be an integer >= 1, got None"),
+        (dict(eval_steps=0), "eval_steps must be >= 1, got 0"),
+        (
+            dict(logdir=None),
+            "logdir must be a directory path (checkpoints, events and results go there), got None",
+        ),
+        (
+            dict(logdir=""),
+            "logdir must be a directory path (checkpoints, events and results go there), got ''",
+        ),
+    ],
+    ids=lambda v: "-".join(f"{k}={v!r}" for k, v in v.items()) if isinstance(v, dict) else "",
+)
+def test_fits_own_arguments_out_of_range_are_one_line(tmp_path, capsys, given, said):
+    arguments = {"steps": 3, "logdir": str(tmp_path), "cluster": Cluster.local(), **given}
+    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
+        disttrain.fit(_loss, lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), **arguments)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+
+
+@pytest.mark.parametrize(
+    "steps", [np.int64(3), 3.0, np.float32(3)], ids=["numpy_int", "float", "numpy_float"]
+)
+def test_steps_counted_in_numpy_or_as_a_whole_float_train_that_many(tmp_path, steps):
+    with tf.Graph().as_default():
+        result = disttrain.fit(
+            _loss,
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            steps=steps,
+            logdir=tmp_path,  # a pathlib.Path
+            cluster=Cluster.local(),
+            batch_size=np.int64(4),
+        )
+    assert (result.local_steps, result.global_step) == (3, 3)
+    assert list(tmp_path.glob("model.ckpt-3.index"))
