@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from disttrain import exporting, input_context, input_feeds, metrics, trainer
 from disttrain.cluster import Cluster
+from disttrain.errors import ConfigError
 
 POLL_SECS = 2.0  # how often the evaluator looks for a new checkpoint, and whether training is over
 
@@ -29,10 +30,26 @@ log = logging.getLogger("disttrain")
 
 
 def as_metrics(built) -> dict[str, tf.Tensor]:
-    """What an eval function returned, as name -> scalar tensor (a lone tensor is the loss)."""
-    if isinstance(built, Mapping):
-        return dict(built)
-    return {"loss": built}
+    """What an eval function returned, as name -> scalar tensor (a lone tensor is the loss).
+
+    A ConfigError, before any checkpoint is read, for anything else: a
+    tuple, a value that is no tensor, a metric that is not a numeric scalar.
+    """
+    named = dict(built) if isinstance(built, Mapping) else {"loss": built}
+    for name, value in named.items():
+        if not tf.is_tensor(value):
+            raise ConfigError(
+                f"eval_fn returned {type(value).__name__}"
+                + (f" for {name!r}" if isinstance(built, Mapping) else "")
+                + ": return a scalar tensor, or a dict of name -> scalar tensor"
+            )
+        if value.shape.rank or not (value.dtype.is_floating or value.dtype.is_integer):
+            raise ConfigError(
+                f"eval_fn's {name!r} is a {value.dtype.name} tensor of shape {value.shape.as_list()}: each "
+                "metric is a numeric scalar, averaged over eval_steps batches (tf.reduce_mean a "
+                "per-example one)"
+            )
+    return named
 
 
 def call_eval_fn(eval_fn: Callable, batch_size: int | None) -> dict[str, tf.Tensor]:

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import disttrain
-from disttrain.cluster import Cluster
+from disttrain.cluster import EVALUATOR, Cluster
 from disttrain.config import RunSettings
 from disttrain.errors import ConfigError
 from disttrain.launch import make_strategy
@@ -194,3 +194,38 @@ def test_steps_counted_in_numpy_or_as_a_whole_float_train_that_many(tmp_path, st
         )
     assert (result.local_steps, result.global_step) == (3, 3)
     assert list(tmp_path.glob("model.ckpt-3.index"))
+
+
+@pytest.mark.parametrize(
+    "eval_fn, said",
+    [
+        (
+            lambda: {"mse": _per_example()},
+            "eval_fn's 'mse' is a float32 tensor of shape [8]: each metric is a numeric scalar, averaged "
+            "over eval_steps batches (tf.reduce_mean a per-example one)",
+        ),
+        (
+            lambda: (lambda loss: (loss, loss))(_loss()),
+            "eval_fn returned tuple: return a scalar tensor, or a dict of name -> scalar tensor",
+        ),
+        (
+            lambda: {"loss": _loss(), "rate": 0.1},
+            "eval_fn returned float for 'rate': return a scalar tensor, or a dict of name -> scalar tensor",
+        ),
+    ],
+    ids=["per_example_metric", "tuple", "a_float"],
+)
+def test_an_eval_fn_without_scalar_metrics_ends_the_evaluator_in_one_line(tmp_path, capsys, eval_fn, said):
+    """Refused as the metrics are built, before the evaluator waits for a checkpoint."""
+    evaluator = Cluster(jobs={"worker": ["localhost:1"]}, task_type=EVALUATOR, task_index=0)
+    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
+        disttrain.fit(
+            _loss,
+            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            steps=3,
+            logdir=str(tmp_path),
+            cluster=evaluator,
+            eval_fn=eval_fn,
+        )
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
