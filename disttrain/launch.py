@@ -92,16 +92,13 @@ def fit(
     """
     with errors_to_exit(cluster):
         settings = RunSettings.of(**settings)
-        steps, batch_size, eval_steps = (
-            whole_count(steps, "steps"),
-            whole_count(batch_size, "batch_size"),
-            whole_count(eval_steps, "eval_steps"),
-        )
-        if not isinstance(logdir, str | os.PathLike) or not os.fspath(logdir):
+        steps, logdir, batch_size, hooks = _checked(steps, logdir, batch_size, hooks)
+        eval_steps = whole_count(eval_steps, "eval_steps")
+        if cluster is not None and not isinstance(cluster, Cluster):
             raise ConfigError(
-                f"logdir must be a directory path (checkpoints, events and results go there), got {logdir!r}"
+                f"cluster is a {type(cluster).__name__}: give a disttrain.Cluster "
+                "(Cluster.from_tf_config(...), Cluster.from_hosts(...)), or None to read TF_CONFIG"
             )
-        logdir = os.fspath(logdir)
         if export_best is not None and not isinstance(export_best, exporting.BestExport):
             raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
         cluster = Cluster.from_env() if cluster is None else cluster
@@ -151,6 +148,24 @@ def _evaluate(
     )
 
 
+def _checked(steps, logdir, batch_size, hooks) -> tuple[int, str, int, list[v1.train.SessionRunHook]]:
+    """fit's and session's own arguments as the loop takes them; a ConfigError for any out of range."""
+    if not isinstance(logdir, str | os.PathLike) or not os.fspath(logdir):
+        raise ConfigError(
+            f"logdir must be a directory path (checkpoints, events and results go there), got {logdir!r}"
+        )
+    if isinstance(hooks, v1.train.SessionRunHook):
+        raise ConfigError(f"hooks is one {type(hooks).__name__}: give a list, hooks=[hook]")
+    hooks = list(hooks or ())  # None: none
+    for hook in hooks:
+        if not isinstance(hook, v1.train.SessionRunHook):
+            raise ConfigError(
+                f"hooks holds a {type(hook).__name__}, not a tf.compat.v1.train.SessionRunHook: the "
+                "training loop runs session hooks only (Keras callbacks do not run in it)"
+            )
+    return whole_count(steps, "steps"), os.fspath(logdir), whole_count(batch_size, "batch_size"), hooks
+
+
 @contextlib.contextmanager
 def session(
     strategy: Strategy,
@@ -179,6 +194,7 @@ def session(
     cluster = strategy.cluster
     with errors_to_exit(cluster):
         settings = settings or RunSettings.of(**more_settings)
+        steps, logdir, batch_size, hooks = _checked(steps, logdir, batch_size, hooks)
         logs.to_console()
         preemption.install(settings.preempt_secs)
         if ROLES[cluster.task_type] == SERVE:

@@ -10,6 +10,8 @@ from disttrain.config import RunSettings
 from disttrain.errors import ConfigError
 from disttrain.launch import make_strategy
 
+v1 = tf.compat.v1
+
 
 def test_settings_are_checked_by_name_and_value():
     assert RunSettings.of(log_every_steps=5).log_every_steps == 5
@@ -168,8 +170,19 @@ def test_a_loss_function_that_does_not_return_a_scalar_loss_is_one_line(
             dict(logdir=""),
             "logdir must be a directory path (checkpoints, events and results go there), got ''",
         ),
+        (dict(hooks=v1.train.StepCounterHook()), "hooks is one StepCounterHook: give a list, hooks=[hook]"),
+        (
+            dict(hooks=[v1.train.StepCounterHook(), tf.keras.callbacks.TensorBoard()]),
+            "hooks holds a TensorBoard, not a tf.compat.v1.train.SessionRunHook: the training loop runs "
+            "session hooks only (Keras callbacks do not run in it)",
+        ),
+        (
+            dict(cluster={"cluster": {"worker": ["localhost:2222"]}, "task": {"type": "worker", "index": 0}}),
+            "cluster is a dict: give a disttrain.Cluster (Cluster.from_tf_config(...), "
+            "Cluster.from_hosts(...)), or None to read TF_CONFIG",
+        ),
     ],
-    ids=lambda v: "-".join(f"{k}={v!r}" for k, v in v.items()) if isinstance(v, dict) else "",
+    ids=lambda v: "-".join(f"{k}={type(v).__name__}" for k, v in v.items()) if isinstance(v, dict) else "",
 )
 def test_fits_own_arguments_out_of_range_are_one_line(tmp_path, capsys, given, said):
     arguments = {"steps": 3, "logdir": str(tmp_path), "cluster": Cluster.local(), **given}
@@ -229,3 +242,16 @@ def test_an_eval_fn_without_scalar_metrics_ends_the_evaluator_in_one_line(tmp_pa
         )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+
+
+def test_sessions_own_arguments_are_checked_as_fits_are(tmp_path, capsys):
+    strategy = disttrain.AsyncParameterServer(Cluster.local())
+    with tf.Graph().as_default(), strategy.scope():
+        strategy.minimize(v1.train.GradientDescentOptimizer(0.1), _loss)
+        with (
+            pytest.raises(SystemExit) as exit_info,
+            disttrain.session(strategy, steps=0, logdir=str(tmp_path)),
+        ):
+            pass
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["disttrain: error: steps must be >= 1, got 0"]
