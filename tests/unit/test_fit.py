@@ -57,6 +57,19 @@ def _loss():
     return tf.reduce_sum(tf.square(w))
 
 
+def _sgd():
+    return v1.train.GradientDescentOptimizer(0.1)
+
+
+def fit_refused(capsys, loss_fn=_loss, optimizer_fn=_sgd, **arguments) -> list[str]:
+    """What `fit` wrote to stderr, once it has ended the process with the configuration's exit code."""
+    arguments = {"steps": 3, "cluster": Cluster.local(), **arguments}
+    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
+        disttrain.fit(loss_fn, optimizer_fn, **arguments)
+    assert exit_info.value.code == ConfigError.exit_code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize(
     "optimizer_fn, said",
     [
@@ -80,10 +93,7 @@ def _loss():
 )
 def test_an_optimizer_disttrain_cannot_use_is_one_line_before_any_step(tmp_path, capsys, optimizer_fn, said):
     """Users reach for tf.keras.optimizers, or hand fit the optimizer itself: one line, exit 2, no logdir."""
-    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
-        disttrain.fit(_loss, optimizer_fn, steps=3, logdir=str(tmp_path / "run"), cluster=Cluster.local())
-    assert exit_info.value.code == ConfigError.exit_code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = fit_refused(capsys, optimizer_fn=optimizer_fn, logdir=str(tmp_path / "run"))
     assert err == [f"disttrain: error: {said}"]
     assert not list((tmp_path / "run").glob("model.ckpt*"))
 
@@ -137,20 +147,11 @@ def test_a_loss_function_that_does_not_return_a_scalar_loss_is_one_line(
 ):
     """The shapes a Keras user brings: per-example losses, (loss, metrics), an int; fit or minimize."""
     loss_fn, said = BAD_LOSSES[case]
-    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
-        disttrain.fit(
-            loss_fn,
-            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            steps=3,
-            logdir=str(tmp_path),
-            cluster=Cluster.local(),
-            check_numerics=check_numerics,
-        )
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+    err = fit_refused(capsys, loss_fn, logdir=str(tmp_path), check_numerics=check_numerics)
+    assert err == [f"disttrain: error: {said}"]
     strategy = disttrain.SyncAllReduce(Cluster.local())
     with tf.Graph().as_default(), strategy.scope(), pytest.raises(ConfigError) as raised:
-        strategy.minimize(tf.compat.v1.train.GradientDescentOptimizer(0.1), loss_fn)
+        strategy.minimize(_sgd(), loss_fn)
     assert str(raised.value) == said
 
 
@@ -185,11 +186,7 @@ def test_a_loss_function_that_does_not_return_a_scalar_loss_is_one_line(
     ids=lambda v: "-".join(f"{k}={type(v).__name__}" for k, v in v.items()) if isinstance(v, dict) else "",
 )
 def test_fits_own_arguments_out_of_range_are_one_line(tmp_path, capsys, given, said):
-    arguments = {"steps": 3, "logdir": str(tmp_path), "cluster": Cluster.local(), **given}
-    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
-        disttrain.fit(_loss, lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1), **arguments)
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+    assert fit_refused(capsys, **{"logdir": str(tmp_path), **given}) == [f"disttrain: error: {said}"]
 
 
 @pytest.mark.parametrize(
@@ -199,7 +196,7 @@ def test_steps_counted_in_numpy_or_as_a_whole_float_train_that_many(tmp_path, st
     with tf.Graph().as_default():
         result = disttrain.fit(
             _loss,
-            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            _sgd,
             steps=steps,
             logdir=tmp_path,  # a pathlib.Path
             cluster=Cluster.local(),
@@ -231,23 +228,14 @@ def test_steps_counted_in_numpy_or_as_a_whole_float_train_that_many(tmp_path, st
 def test_an_eval_fn_without_scalar_metrics_ends_the_evaluator_in_one_line(tmp_path, capsys, eval_fn, said):
     """Refused as the metrics are built, before the evaluator waits for a checkpoint."""
     evaluator = Cluster(jobs={"worker": ["localhost:1"]}, task_type=EVALUATOR, task_index=0)
-    with tf.Graph().as_default(), pytest.raises(SystemExit) as exit_info:
-        disttrain.fit(
-            _loss,
-            lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            steps=3,
-            logdir=str(tmp_path),
-            cluster=evaluator,
-            eval_fn=eval_fn,
-        )
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"disttrain: error: {said}"]
+    err = fit_refused(capsys, logdir=str(tmp_path), cluster=evaluator, eval_fn=eval_fn)
+    assert err == [f"disttrain: error: {said}"]
 
 
 def test_sessions_own_arguments_are_checked_as_fits_are(tmp_path, capsys):
     strategy = disttrain.AsyncParameterServer(Cluster.local())
     with tf.Graph().as_default(), strategy.scope():
-        strategy.minimize(v1.train.GradientDescentOptimizer(0.1), _loss)
+        strategy.minimize(_sgd(), _loss)
         with (
             pytest.raises(SystemExit) as exit_info,
             disttrain.session(strategy, steps=0, logdir=str(tmp_path)),
