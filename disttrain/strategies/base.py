@@ -678,12 +678,10 @@ class Strategy(abc.ABC):
             )
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
-        if callable(loss):
-            loss = functools.partial(lambda fn: scalar_loss(fn()), loss)
+        if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
+            loss = input_feeds.feeding(functools.partial(lambda fn: scalar_loss(fn()), loss))
         else:
             scalar_loss(loss)
-        if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
-            loss = input_feeds.feeding(loss)
         self._plan_from_loss(loss)
         if global_step is None:
             global_step = v1.train.get_or_create_global_step()
