@@ -12,7 +12,9 @@ the process exits 0 (TF's `server.join()` never returns).
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
+import inspect
 import json
 import logging
 import os
@@ -297,7 +299,26 @@ def make_strategy(strategy, cluster: Cluster) -> Strategy:
             f"strategy={strategy!r}: expected a strategy class such as disttrain.AsyncParameterServer, "
             "a callable cluster -> strategy, or a strategy built for this task"
         )
+    _callable_with_a_cluster(strategy)
     return strategy(cluster)
+
+
+def _callable_with_a_cluster(factory) -> None:
+    """A ConfigError when `factory(cluster)` cannot bind its arguments (a misspelt knob in a partial)."""
+    target, args, keywords = factory, (), {}
+    if isinstance(factory, functools.partial):
+        target, args, keywords = factory.func, factory.args, factory.keywords
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (a builtin): called as it is
+        return
+    try:
+        signature.bind(*args, "cluster", **keywords)
+    except TypeError as e:
+        given = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in keywords.items())])
+        name = getattr(target, "__name__", type(target).__name__)
+        shown = f"functools.partial({name}, {given})" if given else name
+        raise ConfigError(f"strategy={shown} cannot be called with the cluster: {e}") from None
 
 
 def refuse_what_replicas_refuse(strategy, cluster: Cluster, settings: RunSettings) -> None:

@@ -1,5 +1,7 @@
 """disttrain.fit's argument handling, without servers: settings, strategy choice, roles."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,7 +10,7 @@ import disttrain
 from disttrain.cluster import EVALUATOR, Cluster
 from disttrain.config import RunSettings
 from disttrain.errors import ConfigError
-from disttrain.launch import make_strategy
+from disttrain.launch import make_strategy, refuse_what_replicas_refuse
 
 v1 = tf.compat.v1
 
@@ -40,6 +42,18 @@ def test_strategy_given_as_class_callable_or_instance():
         make_strategy(built, other)
     with pytest.raises(ConfigError, match="strategy='async'"):
         make_strategy("async", cluster)
+    misspelt = functools.partial(disttrain.AsyncParameterServer, overlapp=True)
+    with pytest.raises(ConfigError) as raised:  # on a PS too (refuse_what_replicas_refuse), so all exit 2
+        make_strategy(misspelt, cluster)
+    assert str(raised.value) == (
+        "strategy=functools.partial(AsyncParameterServer, overlapp=True) cannot be called with the "
+        "cluster: got an unexpected keyword argument 'overlapp'"
+    )
+    ps = Cluster.from_hosts("ps", 0, ["p:1"], ["w0:1", "w1:1"])
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'overlapp'"):
+        refuse_what_replicas_refuse(misspelt, ps, RunSettings())
+    with pytest.raises(ConfigError, match=r"^strategy=<lambda> cannot be called with the cluster: too many"):
+        make_strategy(lambda: None, cluster)
 
 
 def test_fit_ends_the_process_with_one_line_and_the_config_exit_code(capsys):
