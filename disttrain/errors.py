@@ -25,6 +25,10 @@ class ConfigError(DisttrainError):
     exit_code = EXIT_CONFIG
 
 
+class NoFilesError(ConfigError, FileNotFoundError):
+    """An input's file pattern matches no file (a FileNotFoundError too, for code that catches that)."""
+
+
 class DivergedError(DisttrainError):
     """The loss became NaN or Inf."""
 

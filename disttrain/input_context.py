@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from disttrain import run_steps
-from disttrain.errors import ConfigError
+from disttrain.errors import ConfigError, NoFilesError
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -67,7 +67,7 @@ def shard_records(
     """Pipeline `index` of `count`'s records of `files` (a glob pattern or a list), read with `reader`."""
     names = tf.io.gfile.glob(files) if isinstance(files, str) else list(files)
     if not names:
-        raise FileNotFoundError(f"no files match {files!r}")
+        raise NoFilesError(f"no files match {files!r}: check the pattern, and that this task can read them")
     say_uneven(names, count)
     names, by_record = shard_files(names, index, count)
     dataset = reader(names)

@@ -18,6 +18,7 @@ import inspect
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -374,8 +375,17 @@ def _lost_contact(lost: str) -> str:
 
 
 def fail(message: str, code: int = ConfigError.exit_code):
-    """One line on stderr, then exit with `code`."""
-    print(f"disttrain: error: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, then exit with `code`.
+
+    gin adds a line to an error raised in a configurable ("In call to
+    configurable 'imagenet_input' (<function ...>)"): it is folded in as
+    the configurable's name.
+    """
+    line, *more = message.strip().splitlines() or [""]
+    configurable = re.search(r"In call to configurable '([^']+)'", "\n".join(more))
+    if configurable:
+        line += f" (in gin's {configurable[1]})"
+    print(f"disttrain: error: {line}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 

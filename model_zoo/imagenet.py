@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from disttrain.errors import NoFilesError
 from disttrain.input_context import shard_files
 
 MEAN_RGB = (0.485, 0.456, 0.406)
@@ -77,7 +78,7 @@ def imagenet(
     """
     files = tf.io.gfile.glob(file_pattern) if file_pattern else []
     if not files:
-        raise FileNotFoundError(f"no ImageNet TFRecord files match file_pattern={file_pattern!r}")
+        raise NoFilesError(f"no ImageNet TFRecord files match file_pattern={file_pattern!r}")
     image_size = int(model.input_shape[0])
     num_classes = int(model.num_classes)
     files, by_record = shard_files(files, replica_index, num_replicas)

@@ -2,6 +2,7 @@
 
 import functools
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,8 +10,8 @@ import tensorflow as tf
 import disttrain
 from disttrain.cluster import EVALUATOR, Cluster
 from disttrain.config import RunSettings
-from disttrain.errors import ConfigError
-from disttrain.launch import make_strategy, refuse_what_replicas_refuse
+from disttrain.errors import ConfigError, NoFilesError
+from disttrain.launch import errors_to_exit, make_strategy, refuse_what_replicas_refuse
 
 v1 = tf.compat.v1
 
@@ -257,3 +258,30 @@ def test_sessions_own_arguments_are_checked_as_fits_are(tmp_path, capsys):
             pass
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == ["disttrain: error: steps must be >= 1, got 0"]
+
+
+def test_a_pattern_matching_no_file_is_one_line(tmp_path, capsys):
+    def reading(ctx):
+        records = ctx.shard(str(tmp_path / "train-*.tfrecord"), reader=tf.data.TFRecordDataset)
+        ctx.get_next(records.batch(2))
+        return _loss()
+
+    err = fit_refused(capsys, reading, logdir=str(tmp_path / "run"))
+    assert err == [
+        f"disttrain: error: no files match '{tmp_path}/train-*.tfrecord': check the pattern, and that this "
+        "task can read them"
+    ]
+
+
+def test_an_error_raised_in_a_gin_configurable_stays_one_line_naming_it(capsys):
+    """gin adds "In call to configurable ..." on a line of its own: folded into the one line."""
+
+    @gin.configurable("dt_test_input")
+    def reader(file_pattern):
+        raise NoFilesError(f"no files match {file_pattern!r}")
+
+    with pytest.raises(SystemExit) as exit_info, errors_to_exit():
+        reader("/data/none-*")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["disttrain: error: no files match '/data/none-*' (in gin's dt_test_input)"]
