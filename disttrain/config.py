@@ -11,6 +11,8 @@ import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
+
 from disttrain.clipping import WHERE
 from disttrain.errors import ConfigError
 
@@ -172,6 +174,8 @@ class RunSettings:
             raise ConfigError(
                 f"unknown setting {unknown[0]!r}: known settings are {', '.join(sorted(known))}"
             )
+        # A count computed with NumPy (steps per epoch from an array's length) is a number all the same.
+        settings = {k: v.item() if isinstance(v, np.generic) else v for k, v in settings.items()}
         return RunSettings(**settings).validate()
 
     def validate(self):

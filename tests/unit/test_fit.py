@@ -22,6 +22,17 @@ def test_settings_are_checked_by_name_and_value():
         RunSettings.of(log_every=5)
     with pytest.raises(ConfigError, match=r"RunSettings.log_every_steps must be >= 1, got 0"):
         RunSettings.of(log_every_steps=0)
+    # Counts computed with NumPy are numbers all the same, kept as Python's.
+    numpy_made = RunSettings.of(
+        save_checkpoint_steps=np.int64(100), peer_wait_secs=np.float32(30), check_numerics=np.True_
+    )
+    assert [(v, type(v)) for v in (numpy_made.save_checkpoint_steps, numpy_made.peer_wait_secs)] == [
+        (100, int),
+        (30.0, float),
+    ]
+    assert numpy_made.check_numerics is True
+    with pytest.raises(ConfigError, match=r"save_checkpoint_steps must be an integer >= 1 .*, got 2.5"):
+        RunSettings.of(save_checkpoint_steps=np.float64(2.5))
 
 
 def test_default_strategy_follows_the_cluster():
