@@ -7,7 +7,6 @@ Plain Python: gin binds TrainConfig at the edge (`disttrain.configurables`);
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -67,9 +66,15 @@ _ACCEPTS = {
 }
 
 
+def plain(value):
+    """A NumPy scalar as the Python number or bool it is (a count computed from an array's length)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def whole_count(value, name: str) -> int:
     """`value` as an int >= 1 (NumPy's integers and whole floats such as 1e6 too); else a ConfigError."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+    value = plain(value)
+    if isinstance(value, float) and value.is_integer():
         value = int(value)
     if problem := _Accepts(int, 1).problem(value):
         raise ConfigError(f"{name} {problem}, got {value!r}")
@@ -174,9 +179,7 @@ class RunSettings:
             raise ConfigError(
                 f"unknown setting {unknown[0]!r}: known settings are {', '.join(sorted(known))}"
             )
-        # A count computed with NumPy (steps per epoch from an array's length) is a number all the same.
-        settings = {k: v.item() if isinstance(v, np.generic) else v for k, v in settings.items()}
-        return RunSettings(**settings).validate()
+        return RunSettings(**{k: plain(v) for k, v in settings.items()}).validate()
 
     def validate(self):
         """Raise ConfigError naming the first impossible setting; return self."""
