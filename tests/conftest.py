@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+import gin
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -41,6 +42,20 @@ def _disttrain_logger_fresh():
     fresh()
     yield
     fresh()
+
+
+@pytest.fixture(autouse=True)
+def _gin_fresh():
+    """gin's config as a new process has it, before and after every test: unlocked, no bindings.
+
+    `cli.train_config` (and so every gin entry point) parses its files and locks the config.
+    Left locked, a later test that declares a configurable fails with gin's "Attempted to add
+    a new configurable after the config was locked", and a later parse inherits stale bindings,
+    depending on which test the process happened to run before.
+    """
+    gin.clear_config()
+    yield
+    gin.clear_config()
 
 
 UNIT = os.path.join(REPO, "tests", "unit")
