@@ -52,7 +52,8 @@ setup(
         "test": [
             "pytest>=8,<10",
             "pytest-timeout>=2.3,<3",
-            "pytest-xdist>=3.5,<4",  # CI runs two test files at a time (.ci/run)
+            "pytest-xdist>=3.5,<4",  # two test files at a time (README's test command)
+            "pytest-randomly>=3.15,<5",  # every run in a new order, its seed printed: no order dependency
             "ruff>=0.6",
             "psutil>=5.9,<8",
             "pyyaml>=6,<7",
