@@ -85,8 +85,11 @@ class Cluster:
         """From TF_CONFIG text or its parsed dict, as real platforms write it.
 
         Accepts an `environment` key (TFJob), `master` as the chief's name,
-        extra keys such as `job`/`trial` (Vertex AI), and an evaluator that is
-        absent from `cluster`.
+        extra keys such as `job`/`trial` (Vertex AI), and an `evaluator` entry
+        in `cluster` or none: Kubeflow's TFJob lists every replica type, the
+        evaluator too, where TF's own convention leaves it out. Either way the
+        evaluator is no job of the cluster (it serves nothing; nobody connects
+        to it), and an evaluator task has no address.
         """
         tf_config = _parse_tf_config(tf_config)
         spec = tf_config.get("cluster")
