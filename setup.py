@@ -30,6 +30,7 @@ setup(
     package_data={
         **{name: ["*.gin"] for name in GIN_PACKAGES},
         "disttrain.bench": ["peers/*.py", "data/*.csv.gz"],
+        "disttrain.plan": ["data/*.json"],  # the planner's published and measured runs, by source
     },
     python_requires=">=3.10,<3.14",
     install_requires=[

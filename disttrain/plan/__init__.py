@@ -11,10 +11,11 @@
 constants over the environments found; `interval` predicts at both ends of
 it; `links` reads a link file of one's own measured links; `models` reads a
 gin experiment's model (TensorFlow, scratch graph); `advice` ranks changes;
-`measured` sets predictions against benchmark reports; `published` against
-published runs (`cloud_tcp` and `ring_runs` hold the second and third
-held-out sets, `calibrate` fits the calibration sources' points); `report`
-prints and writes JSON.
+`measured` sets predictions against benchmark reports; `runs` reads the
+published runs from `data/` (a file per source; `data/sets.json` splits
+them into the calibration set and the held-out sets); `published` predicts
+them, `calibrate` fits the calibration sources' points; `report` prints,
+writes JSON and renders the docs' tables (`calibration_table`).
 """
 
 from disttrain.plan.cost import Constants, Model, PlanError, Prediction, Shape, Strategy, predict

@@ -1,7 +1,7 @@
 """The planner's cost model: a cluster's step time from its shape, its links and one GPU's step.
 
-Pure functions on numbers (no graph, no session). It carries DESIGN.md's
-performance model, and what the benchmark measured on emulated hosts, to
+Pure functions on numbers (no graph, no session). It carries the performance
+model of docs/design.md, and what the benchmark measured on emulated hosts, to
 shapes that cannot be measured here:
 
 - bytes per host link per round (one step of every worker), each way, for
@@ -66,13 +66,13 @@ class PlanError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class Constants:
-    """What the model cannot derive, each measured on this project's machine (BUILD_NOTES.md).
+    """What the model cannot derive, each measured on this project's machine (decision 0082).
 
     goodput: TCP's share of a shaped link's rate (tbf counts headers too;
       tests/netem measured ~0.95).
     rpc_cpu_s_per_byte: CPU of TF's gRPC per byte at each end: 1.4 ms per MB,
       from the tasks' CPU seconds per step in the benchmark's emulated runs
-      (DESIGN.md's earlier estimate: ~2).
+      (the first design's estimate, docs/design.md: ~2).
     per_message_s: CPU per tensor sent or received over gRPC (measured here:
       1,000 small variables read in one run, ~0.26 ms each).
     forward_fraction: the forward pass's share of a step (backprop ~2x forward).
@@ -80,7 +80,7 @@ class Constants:
       (None: no limit): a PS serving many workers saturates its process
       before its link. 1.4 reproduces the one-host rows of the seed's report
       (8 and 16 workers, one PS, no network: 68% and 35% efficiency; the
-      model gives 61% and 37%); BUILD_NOTES.md.
+      model gives 61% and 37%); decision 0082.
     """
 
     goodput: float = 0.95

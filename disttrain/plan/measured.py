@@ -6,13 +6,20 @@ C, its CPU seconds per step), the link rate, the layout, and how many cores othe
 kept busy during the run (emulated hosts share this machine's cores with
 them). The prediction is then set against the run's measured throughput
 (N x the slowest worker for async, the cluster's rate for sync).
+
+`recorded_checks` predicts the runs of `data/benchmark_emulated_hosts.json`:
+benchmark runs whose reports were not kept, held as the inputs and rates
+recorded from them, laid out here as the reports `check_run` reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Callable, Mapping
 
+from disttrain import strategies
 from disttrain.plan import cost, interval, transports
 
 MIN_CORES = 0.25  # what is left of the machine is never taken as less than this
@@ -85,7 +92,8 @@ def check_run(
     # TF's round robin: TF 1's default and TF 2's PSS default; MinSizePartitioner balances by size.
     placement = cost.ROUND_ROBIN if system in ("tf_default", "tf2_pss") else cost.DISTTRAIN
     strategy = dataclasses.replace(strategy, kind=run["strategy"], placement=placement)
-    if system != "disttrain":  # neither TF's default nor TF 2 overlaps or cuts pieces
+    # disttrain: 'disttrain' or 'disttrain:<strategy>'; neither TF's default nor TF 2 overlaps or cuts pieces
+    if system.split(":")[0] != "disttrain":
         strategy = dataclasses.replace(strategy, overlap=False, piece_bytes=None)
     elif run["strategy"] != cost.ASYNC_PS:
         strategy = dataclasses.replace(strategy, overlap=False)
@@ -127,3 +135,70 @@ def as_json(c: Check) -> dict:
         "prediction": c.prediction.as_dict(),
         "interval": c.interval.as_dict() if c.interval is not None else None,
     }
+
+
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "benchmark_emulated_hosts.json")
+RECORDED_FORMAT = "disttrain.plan.measured"
+
+
+def recorded() -> dict:
+    """`data/benchmark_emulated_hosts.json`: its provenance, the commands, and the runs as recorded."""
+    with open(RECORDED) as f:
+        doc = json.load(f)
+    if doc.get("format") != RECORDED_FORMAT or doc.get("version") != 1:
+        raise ValueError(f"{RECORDED}: expected format {RECORDED_FORMAT!r} version 1")
+    return doc
+
+
+def recorded_runs(doc: dict | None = None) -> list[tuple[dict, dict]]:
+    """Each recorded run as (report, run), the shape of a benchmark report that `check_run` reads.
+
+    The reference's step is its recorded CPU seconds per step, both as its
+    CPU and as its wall step: with one compute thread the wall step is at
+    least the CPU step, and `check_run` takes the smaller.
+    """
+    doc = recorded() if doc is None else doc
+    out = []
+    for r in doc["runs"]:
+        cpu = r["reference_cpu_ms"] / 1e3
+        report = {
+            "config": {
+                "model": r["model"],
+                "batch_size": r["batch_size"],
+                "gin_files": [r["gin_file"]],
+                "gin_params": [*doc["gin_params"][r["gin_file"]], *r.get("gin_params", ())],
+                "link_mbit": r["link_mbit"],
+                "latency_ms": 0.0,
+                "cpus": doc["cpus"],
+            },
+            "reference": {"steps_per_sec": 1.0 / cpu, "cpu_seconds_per_step": cpu},
+        }
+        run = {
+            "system": "disttrain",
+            "strategy": r["strategy"],
+            "workers": r["workers"],
+            "ps": r["ps"],
+            "layout": r.get("layout", "ring"),
+            "link_mbit": r["link_mbit"],
+            "other_busy_cores": r["other_busy_cores"],
+            "counted_steps_per_sec": r["measured_steps_per_sec"],
+        }
+        out.append((report, run))
+    return out
+
+
+def recorded_checks(load_config: Callable) -> list[Check]:
+    """The recorded runs predicted as `disttrain-plan --from_report` predicts a report's runs.
+
+    load_config(gin_files, bindings) parses gin (the script's edge does it).
+    """
+    from disttrain.plan import models  # TensorFlow: only when runs are predicted
+
+    checks = []
+    for report, run in recorded_runs():
+        cfg, kind = report["config"], run["strategy"]
+        binding = f"TrainConfig.strategy=@{strategies.by_kind()[kind].__name__}"
+        config = load_config(cfg["gin_files"], [*cfg["gin_params"], binding])
+        model, strategy = models.model_from_config(config, 1.0), models.strategy_from_config(config, kind)
+        checks.append(check_run(report, run, model, strategy, spreads=transports.SPREADS))
+    return checks

@@ -101,7 +101,7 @@ NCCL_2_4_TUNING = (
     "github.com/NVIDIA/nccl src/graph/tuning.cc (NCCL 2.4): 'Latencies in us' hwLat NET Ring Simple 9.6, "
     "baseLat Ring Simple 8.4"
 )
-MEASURED_HERE = "measured here on TF 2.21's CPU gRPC (BUILD_NOTES.md; tests/netem)"
+MEASURED_HERE = "measured here on TF 2.21's CPU gRPC (decision 0082; tests/netem)"
 
 # gRPC on CPU: measured here, the default `cost.Constants`: 95% of a shaped link (tests/netem), 0.26 ms
 # per message (1,000 small variables read in one run), 1.4 ms of CPU per MB at each end (the tasks' CPU
@@ -178,7 +178,7 @@ GRPC_SPREAD = Spread(
             Point(
                 0.85,
                 "measured here: TF's ring all-reduce over its gRPC transfers, 0.85-0.90 of the "
-                "nominal rate (bin/link_probe.py on emulated hosts; BUILD_NOTES.md)",
+                "nominal rate (bin/link_probe.py on emulated hosts; decision 0030)",
             ),
             Point(0.957, "measured here: plain TCP, 0.950-0.957 of the nominal rate (bin/link_probe.py)"),
             _fitted(0.164, HOROVOD_16_RUNS + ", TF 1.3's gRPC"),
@@ -191,7 +191,7 @@ GRPC_SPREAD = Spread(
             Point(
                 2.2e-3 / 1e6,
                 "measured here: CIFAR-10's small tensors, 0.56 CPU-s per round where 1.4 "
-                "ms/MB gives 0.36 (the emulated 3-host run of docs/planner.md)",
+                "ms/MB gives 0.36 (the 3-host async run of data/benchmark_emulated_hosts.json)",
             ),
         ),
         PS_CORES: (

@@ -82,7 +82,7 @@ def test_ps_hot_spot_names_the_busy_host():
     assert p.ps_balance == pytest.approx(2.8)  # 0.7 / 0.25
     # Balanced (25% each): every link 75 + 3 x 25 = 150 MB, 75 MB each phase: 0.75 + 0.75 = 1.5 s.
     # The hot spot cost 4.2 / 1.5 = 2.8x. (Measured on emulated hosts, MLP at 4 hosts with 2 PS:
-    # docs/planner.md's "Planning a cluster" table.)
+    # docs/planner_runs.md's "Runs measured here" table.)
     even = cost.predict(model(), shape, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
     assert even.round_time == pytest.approx(1.5)
     # The advice sees it: disttrain's placement first, for a round-robin layout.
@@ -114,7 +114,8 @@ def test_full_duplex_push_and_pull_share_the_link():
     assert sync.round_time == pytest.approx(0.1 / 3 + 0.2 / 3 / 8 + 0.75 + 0.75)
     # One dedicated PS for 2 workers: the PS link's in-direction takes both workers' pushes
     # (200 MB, 2 s) while its out-direction idles, then the reverse: 4 s, twice the 2 s its
-    # bytes need. Loops that contend for a PS fall into step (measured: docs/planner.md's 4-host, 2-PS row).
+    # bytes need. Loops that contend for a PS fall into step (measured: docs/planner_runs.md's
+    # 4-host, 2-PS row).
     dedicated = cost.Shape(hosts=2, ps=1, ps_hosts=cost.DEDICATED, link_gbit=0.8)
     d = cost.predict(model(), dedicated, cost.Strategy(cost.ASYNC_PS, overlap=True), BARE)
     assert d.links[2].roles == "ps0" and d.terms["busiest link"] == pytest.approx(2.0)
@@ -386,7 +387,7 @@ def test_published_runs_from_their_inputs(published_results):
     # and AlexNet within 25% (ResNet-152 is a known miss: the seed's script built another ResNet),
     # Horovod's 16-GPU NCCL rows within 10%, its TF PS rows on Inception-v3 and ResNet-101 (greedy
     # placement, as tf_cnn_benchmarks placed them) within 10%. The held-out set: its median within
-    # 10%, every row but TF 1.3's PS on VGG16 (reported in docs/planner.md) within 25%.
+    # 10%, every row but TF 1.3's PS on VGG16 (reported in docs/planner_runs.md) within 25%.
     results = published_results
     by = {(r.case.source, r.case.model, r.case.gpus, r.case.transport): r for r in results}
     for model_name in ("Inception-v3", "ResNet-50", "ResNet-152"):
