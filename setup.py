@@ -70,6 +70,7 @@ setup(
             "disttrain-link-probe=disttrain.scripts.link_probe:run",
             "disttrain-accuracy=disttrain.scripts.accuracy:run",
             "disttrain-export=disttrain.scripts.export:run",
+            "disttrain-tables=disttrain.scripts.tables:run",
         ]
     },
 )

@@ -435,6 +435,7 @@ class Benchmark:
                 "cpus": os.cpu_count(),
                 "tensorflow": tf.__version__,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the tables' date
             },
             "reference": None,
             "runs": [],

@@ -3,7 +3,7 @@
 Links: `[text](path#anchor)` outside code, relative to the page; the path
 must exist, and an anchor must be a heading of the target page, slugified
 as GitHub does. Commands: each line of a code block (backslash continuations
-joined) that runs `python bin/X.py` or a `disttrain-*` console script; its
+joined) that runs `python bin/<script>.py` or a `disttrain-*` console script; its
 `--flag`, `--flag=value` and `--noflag` tokens are checked against the flags
 the script's module defines, read from absl after importing it. No
 subprocess: the modules are imported here, one at a time.
@@ -23,7 +23,10 @@ from absl import flags
 
 from tests import REPO
 
-PAGES = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+PAGES = [
+    *(os.path.join(REPO, page) for page in ("README.md", "CONTRIBUTING.md", "BUILD_NOTES.md")),
+    *sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)),
+]
 
 # bin/ script and console script -> the module that defines its flags (as setup.py declares them).
 SCRIPTS = {
@@ -34,6 +37,7 @@ SCRIPTS = {
     "link_probe": "disttrain.scripts.link_probe",
     "accuracy": "disttrain.scripts.accuracy",
     "export": "disttrain.scripts.export",
+    "tables": "disttrain.scripts.tables",
 }
 
 # absl's own flags, which every command accepts (app.run defines the help flags when it starts).

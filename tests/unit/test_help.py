@@ -26,6 +26,7 @@ COMMANDS = {
     "disttrain-link-probe": ("link_probe.py", "link_probe"),
     "disttrain-accuracy": ("accuracy.py", "accuracy"),
     "disttrain-export": ("export.py", "export"),
+    "disttrain-tables": ("tables.py", "tables"),
 }
 
 # What pip writes for a console script, when none is installed beside this Python.

@@ -1,0 +1,785 @@
+"""The measurement tables of README.md and docs/, generated from the report files in the repository.
+
+A page holds a generated table between two lines of its own:
+
+    <!-- table: headline -->
+    (written here: a table and one line with its date and sources)
+    <!-- /table -->
+
+`python bin/tables.py` (installed: `disttrain-tables`) rewrites every such block of README.md and
+docs/**/*.md from the reports; `--check` rewrites nothing and exits 1 naming each block that is
+stale and each NAME that is not in TABLES (disttrain/scripts/tables.py). Markers inside a fenced
+code block are text, not blocks.
+
+Report files, each written by a tool's `--out` and never edited by hand:
+- the benchmark's (`bin/benchmark.py --out`) in docs/reports/bench/; the DLRM runs in docs/images/;
+- time to accuracy's (`bin/accuracy.py --out`) in docs/images/, beside their plots.
+A report that is missing renders as "not measured". A benchmark run the report marks failed,
+skipped or diverged never counts.
+
+TABLES maps NAME to its renderer: a function returning the block's markdown, given the repository's
+root as `root=` if it has a parameter of that name (else called with no argument). Registering one
+is one line: the function, a `functools.partial` of one, or "module:function" to import it only
+when a page uses it, e.g. `"calibration": "disttrain.plan.calibration:table"`. A renderer reads
+files; it measures nothing.
+
+Analysis side: nothing in the core imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import importlib
+import inspect
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+
+BENCH = "docs/reports/bench"  # the benchmark's reports, by case
+IMAGES = "docs/images"  # time to accuracy's reports beside their plots; the DLRM benchmark runs
+
+START = re.compile(r"^\s*<!--\s*table:\s*(\S+?)\s*-->\s*$")
+END = re.compile(r"^\s*<!--\s*/table\s*-->\s*$")
+FENCE = re.compile(r"^\s*(```|~~~)")
+NOT_MEASURED = "not measured"
+
+
+class TableError(Exception):
+    """A page's blocks cannot be read (a start without its end, or nested blocks)."""
+
+
+# ---- markdown ------------------------------------------------------------------------------------
+
+
+def markdown(header: Sequence[str], body: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in body])
+
+
+def load(root: str, path: str) -> dict | None:
+    """The JSON report at `path` (relative to root), or None when the repository has none."""
+    full = os.path.join(root, path)
+    if not os.path.exists(full):
+        return None
+    with open(full) as f:
+        return json.load(f)
+
+
+def when(dates: Sequence[str | None]) -> str:
+    """'measured 2026-12-02', or a range, from the reports' dates; 'date not recorded' without one."""
+    known = sorted({d for d in dates if d})
+    if not known:
+        return "date not recorded"
+    return f"measured {known[0]}" + (f" to {known[-1]}" if len(known) > 1 else "")
+
+
+def caption(text: str) -> str:
+    return f"*{text[0].upper()}{text[1:]}.*"
+
+
+# ---- the benchmark's reports ---------------------------------------------------------------------
+
+DISTTRAIN, TF_DEFAULT = "disttrain", "tf_default"
+PEERS = {  # TF 2's strategies as the benchmark runs them (disttrain/bench/tf2.py), as tables name them
+    "tf2_pss": "TF 2 PSS",
+    "tf2_pss_minsize": "TF 2 PSS, MinSize",
+    "tf2_mwms": "TF 2 MWMS",
+}
+STRATEGY_NAMES = {  # disttrain:<kind> and the baseline as the DLRM table names them
+    "disttrain:hybrid": "SyncHybrid",
+    "disttrain:sync_ps": "SyncParameterServer",
+    "disttrain:allreduce": "SyncAllReduce",
+    "disttrain:async_ps": "AsyncParameterServer",
+    TF_DEFAULT: "TF's default",
+}
+MEASURES = {  # a case's measure -> (the run's field, how a figure reads)
+    "one_process": ("scaling_efficiency", "{:.2f}x"),  # x N one processes (N x one process alone)
+    "bound": ("efficiency_vs_bound", "{:.2f} of the bound"),
+}
+
+
+def bench_date(report: dict) -> str | None:
+    """The day a benchmark ran (UTC where the report says so, else its local start), YYYY-MM-DD."""
+    config = report.get("config") or {}
+    return (config.get("started_utc") or config.get("started") or "")[:10] or None
+
+
+def family(system: str) -> str:
+    """'disttrain' for disttrain under any strategy (`disttrain:hybrid`), else the system's name."""
+    return DISTTRAIN if system.partition(":")[0] == DISTTRAIN else system
+
+
+def trained(run: dict) -> bool:
+    """A run that counts: measured, neither failed (trained nothing), skipped nor diverged."""
+    return not (run.get("error") or run.get("skipped") or run.get("diverged")) and (
+        run.get("counted_steps_per_sec") is not None
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row: a benchmark report in the repository, and what its figures are measured against."""
+
+    label: str
+    report: str  # relative to the repository's root
+    measure: str = "one_process"  # of MEASURES
+    workers: int | None = None  # only the runs at this worker count (None: every run)
+
+    def runs(self, report: dict) -> list[dict]:
+        return [r for r in report["runs"] if self.workers is None or r["workers"] == self.workers]
+
+
+def best(case: Case, report: dict, systems: Callable[[str], bool], measure: str | None = None):
+    """The best counted (value, system) of the runs whose system passes `systems`, or the cell's text:
+    '-' (none in this run), 'failed' (none trained), 'no reference' (one process alone failed)."""
+    key = MEASURES[measure or case.measure][0]
+    runs = [r for r in case.runs(report) if systems(r["system"])]
+    if not runs:
+        return "-"
+    good = [r for r in runs if trained(r)]
+    if not good:
+        return "failed"
+    valued = [(r[key], r["system"]) for r in good if r.get(key) is not None]
+    return max(valued) if valued else "no reference"
+
+
+def figure(found, measure: str, named: bool = False) -> str:
+    if isinstance(found, str):
+        return found
+    value, system = found
+    text = MEASURES[measure][1].format(value)
+    return f"{text} ({PEERS.get(system, system)})" if named else text
+
+
+def is_disttrain(system: str) -> bool:
+    return family(system) == DISTTRAIN
+
+
+def is_peer(system: str) -> bool:
+    return system in PEERS
+
+
+def is_tf_default(system: str) -> bool:
+    return system == TF_DEFAULT
+
+
+def bench_caption(reports: Sequence[dict | None], what: str) -> str:
+    found = [r for r in reports if r is not None]
+    if not found:
+        return caption(f"{NOT_MEASURED} yet: {what}")
+    return caption(f"{when([bench_date(r) for r in found])}; {what}")
+
+
+HEADLINE = [
+    Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s link", f"{BENCH}/cifar_1gbit.json"),
+    Case("76 MB MLP, Adam, 1 PS + 1 worker, loopback", f"{BENCH}/mlp_1ps.json"),
+    Case(
+        "the MLP on 4 emulated hosts at 500 Mbit/s, async PS",
+        f"{BENCH}/mlp_4hosts_async.json",
+        measure="bound",
+    ),
+    Case(
+        "the MLP on 4 emulated hosts at 500 Mbit/s, all-reduce",
+        f"{BENCH}/mlp_4hosts_ring.json",
+        measure="bound",
+    ),
+]
+
+
+def headline(root: str) -> str:
+    """README's results: per case, disttrain, the best TF 2 peer and TF's default layout, same run."""
+    body, reports = [], []
+    for case in HEADLINE:
+        report = load(root, case.report)
+        reports.append(report)
+        if report is None:
+            body.append([case.label, *[NOT_MEASURED] * 3])
+            continue
+        body.append(
+            [
+                case.label,
+                figure(best(case, report, is_disttrain), case.measure),
+                figure(best(case, report, is_peer), case.measure, named=True),
+                figure(best(case, report, is_tf_default), case.measure),
+            ]
+        )
+    table = markdown(["case", "disttrain", "best TF 2 peer", "TF's default layout"], body)
+    what = (
+        "each row's systems in one run, as a multiple of one process alone in that run or a share of "
+        f"the layout's bound (async: N x the slowest worker); -: not in that run; reports in {BENCH}/"
+    )
+    return table + "\n\n" + bench_caption(reports, what)
+
+
+HEADLINE_PLOT = f"{BENCH}/headline.png"
+SHORT = {  # HEADLINE's labels as the plot's axis names them
+    HEADLINE[0].label: "CIFAR-10, 1 PS + 1 worker\n1 Gbit/s",
+    HEADLINE[1].label: "MLP 76 MB, 1 PS + 1 worker\nloopback",
+    HEADLINE[2].label: "MLP, 4 hosts, 500 Mbit/s\nasync PS",
+    HEADLINE[3].label: "MLP, 4 hosts, 500 Mbit/s\nall-reduce",
+}
+
+
+def headline_plot(root: str) -> str | None:
+    """README's plot of the headline table, written to HEADLINE_PLOT; a one-line reason if none was.
+
+    One group of bars per measured case: disttrain, the best TF 2 peer and TF's default layout, each
+    as its row's measure (x one process alone, or share of the bound: 1.0 is the line either way).
+    """
+    measured = [(c, r) for c in HEADLINE if (r := load(root, c.report)) is not None]
+    if not measured:
+        return "no headline report yet, so no plot was written"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed, so no plot was written: pip install 'disttrain[bench]' adds it"
+    systems = (
+        ("disttrain", is_disttrain),
+        ("best TF 2 peer", is_peer),
+        ("TF's default layout", is_tf_default),
+    )
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / len(systems)
+    for k, (name, chosen) in enumerate(systems):
+        values = [best(c, r, chosen) for c, r in measured]
+        heights = [0.0 if isinstance(v, str) else v[0] for v in values]
+        bars = ax.bar([i + (k - 1) * width for i in range(len(measured))], heights, width, label=name)
+        for bar, v in zip(bars, values, strict=True):
+            ax.annotate(
+                v if isinstance(v, str) else f"{v[0]:.2f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(measured)), [SHORT.get(c.label, c.label) for c, _ in measured], fontsize=8)
+    ax.set_ylabel("x one process, or share of the bound")
+    ax.set_title(f"Same-run ratios, {when([bench_date(r) for _, r in measured])}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(os.path.join(root, HEADLINE_PLOT), dpi=110)
+    plt.close(fig)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A target of docs/benchmark.md: its case and what disttrain must reach there."""
+
+    name: str
+    case: Case
+    goals: tuple[tuple[str, float], ...] = ()  # (measure, at least this) for disttrain
+    ahead_of: tuple[str, ...] = ()  # or: ahead of these peers in the same run (case.measure)
+
+    @property
+    def goal(self) -> str:
+        if self.ahead_of:
+            return "ahead of " + " and ".join(PEERS[p] for p in self.ahead_of)
+        return " and ".join(
+            MEASURES[m][1].format(v) + (" one process" if m == "one_process" else "") for m, v in self.goals
+        )
+
+    def met(self, report: dict) -> str:
+        if self.ahead_of:
+            own = best(self.case, report, is_disttrain)
+            peer = best(self.case, report, lambda s: s in self.ahead_of)
+            if isinstance(own, str) or isinstance(peer, str):
+                return "-"
+            return "yes" if own[0] > peer[0] else "no"
+        verdicts = []
+        for measure, value in self.goals:
+            own = best(self.case, report, is_disttrain, measure)
+            if isinstance(own, str):
+                return "-"
+            verdicts.append(own[0] >= value)
+        return "yes" if all(verdicts) else "no"
+
+
+MLP_4_HOSTS = "MLP batch 32, 4 emulated hosts at 500 Mbit/s, PS colocated"
+CIFAR_2_WORKERS = "CIFAR-10 batch 128, 2 local workers (bound: compute)"
+TARGETS = [
+    Target(
+        "1",
+        Case(
+            "76 MB MLP, Adam, batch 128, 1 PS + 1 worker, loopback (bound: compute)", f"{BENCH}/mlp_1ps.json"
+        ),
+        goals=(("one_process", 0.75),),
+    ),
+    Target(
+        "2",
+        Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s", f"{BENCH}/cifar_1gbit.json"),
+        goals=(("one_process", 0.85),),
+    ),
+    Target(
+        "2, 16-bit",
+        Case("the same with `transfer_dtype='bfloat16'`", f"{BENCH}/cifar_1gbit_bf16.json"),
+        goals=(("one_process", 0.85), ("bound", 0.9)),
+    ),
+    Target("3, async PS", Case(MLP_4_HOSTS, f"{BENCH}/mlp_4hosts_async.json", "bound"), (("bound", 0.9),)),
+    Target("3, all-reduce", Case(MLP_4_HOSTS, f"{BENCH}/mlp_4hosts_ring.json", "bound"), (("bound", 0.9),)),
+    Target(
+        "5, async PS",
+        Case(CIFAR_2_WORKERS, f"{BENCH}/cifar_b128_async.json"),
+        ahead_of=("tf2_pss", "tf2_pss_minsize"),
+    ),
+    Target("5, all-reduce", Case(CIFAR_2_WORKERS, f"{BENCH}/cifar_b128_ring.json"), ahead_of=("tf2_mwms",)),
+]
+
+
+def both(case: Case, report: dict, systems: Callable[[str], bool]) -> str:
+    """'0.92x / 0.92': the best counted run as a multiple of one process and as a share of the bound."""
+    one = best(case, report, systems, "one_process")
+    if isinstance(one, str):
+        return one
+    bound = best(case, report, systems, "bound")
+    return f"{one[0]:.2f}x / " + (f"{bound[0]:.2f}" if not isinstance(bound, str) else bound)
+
+
+def targets(root: str) -> str:
+    """docs/benchmark.md's targets: every system of each target's run, x one process / of the bound."""
+    header = ["target", "case", "disttrain", "TF's default", *PEERS.values(), "goal (disttrain)", "met"]
+    body, reports = [], []
+    for target in TARGETS:
+        report = load(root, target.case.report)
+        reports.append(report)
+        head = [target.name, target.case.label]
+        if report is None:
+            body.append([*head, *[NOT_MEASURED] * (2 + len(PEERS)), target.goal, "-"])
+            continue
+        cells = [both(target.case, report, is_disttrain), both(target.case, report, is_tf_default)]
+        cells += [both(target.case, report, lambda s, p=p: s == p) for p in PEERS]
+        body.append([*head, *cells, target.goal, target.met(report)])
+    what = (
+        "each target's systems in one run; a multiple of N x one process alone in that run (1.00x: "
+        "linear scaling) / a share of the layout's bound (async: N x the slowest worker); -: not in "
+        f"that run; reports in {BENCH}/"
+    )
+    return markdown(header, body) + "\n\n" + bench_caption(reports, what)
+
+
+def link_bytes(root: str, path: str = f"{BENCH}/mlp_4hosts_async.json") -> str:
+    """Target 4: the busiest and least busy host link's MB per global step in target 3's async run."""
+    report = load(root, path)
+    header = ["system", "busiest link, MB per step", "least busy link", "expected busiest"]
+    if report is None:
+        body = [[NOT_MEASURED, "", "", ""]]
+    else:
+        body = []
+        for run in report["runs"]:
+            if not trained(run) or run.get("busiest_link_bytes_per_step") is None:
+                continue
+            body.append(
+                [
+                    PEERS.get(run["system"], STRATEGY_NAMES.get(run["system"], run["system"])),
+                    f"{run['busiest_link_bytes_per_step'] / 1e6:.1f}",
+                    f"{run['min_link_bytes_per_step'] / 1e6:.1f}",
+                    f"{run['expected_busiest_link_bytes_per_step'] / 1e6:.1f}",
+                ]
+            )
+    what = f"interface counters of each emulated host, per global step; report {path}"
+    return markdown(header, body) + "\n\n" + bench_caption([report], what)
+
+
+DLRM = [  # (setting, report): the benchmark's DLRM, disttrain's strategies beside TF's default
+    ("2 workers, 2 PS, loopback", f"{IMAGES}/dlrm_hybrid_loopback.json"),
+    ("2 workers, 2 PS, emulated 1 Gbit/s", f"{IMAGES}/dlrm_hybrid_emulated.json"),
+    ("4 workers, 2 PS, emulated 250 Mbit/s", f"{IMAGES}/dlrm_hybrid_4w_250.json"),
+    ("4 workers, 2 PS, emulated 1 Gbit/s", f"{IMAGES}/dlrm_hybrid_4w_1000.json"),
+]
+
+
+def dlrm(root: str) -> str:
+    """Per setting, one process alone and each system's counted steps/s with its share of the bound."""
+    systems = ["disttrain:hybrid", "disttrain:sync_ps", "disttrain:allreduce", TF_DEFAULT]
+    header = ["setting", "one process", *(STRATEGY_NAMES[s] for s in systems)]
+    body, reports = [], []
+    for setting, path in DLRM:
+        report = load(root, path)
+        reports.append(report)
+        if report is None:
+            body.append([setting, *[NOT_MEASURED] * (1 + len(systems))])
+            continue
+        ref = (report.get("reference") or {}).get("steps_per_sec")
+        row = [setting, f"{ref:.2f}" if ref else "failed"]
+        for system in systems:
+            runs = [r for r in report["runs"] if r["system"] == system]
+            good = [r for r in runs if trained(r)]
+            if not good:
+                row.append("failed" if runs else "-")
+                continue
+            run = max(good, key=lambda r: r["counted_steps_per_sec"])
+            share = run.get("efficiency_vs_bound")
+            row.append(
+                f"{run['counted_steps_per_sec']:.2f}" + (f" ({share:.2f})" if share is not None else "")
+            )
+        body.append(row)
+    what = (
+        "steps/s as the benchmark counts them (sync: the cluster's rate; async: N x the slowest worker), "
+        f"in brackets the share of the layout's bound; reports {IMAGES}/dlrm_hybrid_*.json"
+    )
+    return markdown(header, body) + "\n\n" + bench_caption(reports, what)
+
+
+# ---- time to accuracy's reports ------------------------------------------------------------------
+
+
+def accuracy_date(report: dict) -> str | None:
+    """The day a time-to-accuracy report was started: its own field, else its default log directory's."""
+    if report.get("started_utc"):
+        return report["started_utc"][:10]
+    m = re.search(r"(\d{4})(\d{2})(\d{2})-\d{6}", report.get("logdir") or "")
+    return f"{m[1]}-{m[2]}-{m[3]}" if m else None
+
+
+def accuracy_caption(reports: dict[str, dict | None]) -> str:
+    names = ", ".join(f"`{os.path.basename(p)}`" for p in reports)
+    missing = [p for p, r in reports.items() if r is None]
+    where = f"report{'s' if len(reports) > 1 else ''} {names} in {IMAGES}/"
+    if len(missing) == len(reports):
+        return caption(f"{NOT_MEASURED} yet: {where}")
+    found = [r for r in reports.values() if r is not None]
+    return caption(f"{when([accuracy_date(r) for r in found])}; {where}")
+
+
+def setting(row: dict) -> str:
+    """'allreduce, accumulate 2' / 'allreduce, batch x2': a row's system and settings that change it."""
+    text = row["system"]
+    if row.get("accumulate_steps", 1) != 1:
+        text += f", accumulate {row['accumulate_steps']}"
+    if row.get("batch_scale", 1) != 1:
+        text += f", batch x{row['batch_scale']}"
+    return text
+
+
+def _ratio(value, reference) -> str:
+    return f"{value / reference:.2f}" if value is not None and reference else "-"
+
+
+def _columns() -> dict[str, Callable[[dict, dict], str]]:
+    """Time to accuracy's columns: header -> f(row, its one-process reference row)."""
+    return {
+        "system": lambda r, ref: r["system"],
+        "workers": lambda r, ref: str(r["workers"]),
+        "steps/run": lambda r, ref: str(r.get("steps_per_run", 1)),
+        "accumulate": lambda r, ref: str(r.get("accumulate_steps", 1)),
+        "start-up s": lambda r, ref: f"{r['startup_secs']:.1f}",
+        "s to target": lambda r, ref: "-" if r["secs_to_target"] is None else f"{r['secs_to_target']:.1f}",
+        "time x one process": lambda r, ref: _ratio(r["secs_to_target"], ref.get("secs_to_target")),
+        "examples to target": lambda r, ref: (
+            "not reached" if r["examples_to_target"] is None else str(r["examples_to_target"])
+        ),
+        "examples/s": lambda r, ref: (
+            "-" if r.get("examples_per_sec") is None else f"{r['examples_per_sec']:.0f}"
+        ),
+        "examples/s x one process": lambda r, ref: _ratio(
+            r.get("examples_per_sec"), ref.get("examples_per_sec")
+        ),
+        "final held-out acc. %": lambda r, ref: f"{100 * r['final_accuracy']:.1f}",
+        "vs one process (points)": lambda r, ref: (
+            f"{100 * (r['final_accuracy'] - ref['final_accuracy']):+.1f}" if "final_accuracy" in ref else "-"
+        ),
+    }
+
+
+TIME_TO_TARGET = (
+    "system",
+    "workers",
+    "start-up s",
+    "s to target",
+    "time x one process",
+    "examples to target",
+    "final held-out acc. %",
+    "vs one process (points)",
+)
+SPEED = (
+    "system",
+    "steps/run",
+    "examples/s",
+    "examples/s x one process",
+    "s to target",
+    "time x one process",
+    "final held-out acc. %",
+)
+
+
+def accuracy_runs(
+    path: str, columns: Sequence[str], root: str, keep: Callable[[dict], bool] = lambda row: True
+) -> str:
+    """One row per run of a time-to-accuracy report (those `keep` passes), each against one process at
+    its settings."""
+    from disttrain.bench import accuracy  # TensorFlow; only when a page shows one of these tables
+
+    report = load(root, path)
+    if report is None:
+        return (
+            markdown(columns, [[NOT_MEASURED] + [""] * (len(columns) - 1)])
+            + "\n\n"
+            + accuracy_caption({path: None})
+        )
+    every = _columns()
+    rows = report["rows"]
+    body = []
+    for r in filter(keep, rows):
+        if "failed" in r:
+            body.append([setting(r), f"failed: {r['failed']}"] + [""] * (len(columns) - 2))
+            continue
+        ref = accuracy.reference_row(rows, r) or {}
+        cells = [every[c](r, ref) for c in columns]
+        body.append([setting(r) if c == "system" else cell for c, cell in zip(columns, cells, strict=True)])
+    return markdown(columns, body) + "\n\n" + accuracy_caption({path: report})
+
+
+def _pm(mean: float, se: float | None, scale: float = 1.0, sign: str = "") -> str:
+    return f"{scale * mean:{sign}.1f}" + (f" ± {scale * se:.1f}" if se is not None else "")
+
+
+def accuracy_paired(groups: Sequence[Sequence[str]], root: str) -> str:
+    """Seed-paired differences (16-bit against float32, accumulation against one step of the same
+    global batch), points, mean ± SE over seeds; each group of reports is merged before pairing."""
+    from disttrain.bench import accuracy
+
+    header = ["task", "system", "against", "seeds", "against: final acc. %"]
+    header += ["difference: final (points)", "mean of last 3 (points)"]
+    body, reports = [], {}
+    for paths in groups:
+        found = {p: load(root, p) for p in paths}
+        reports.update(found)
+        if any(r is None for r in found.values()):
+            body.append([NOT_MEASURED, ", ".join(os.path.basename(p) for p in paths), "", "", "", "", ""])
+            continue
+        rows = [r for report in found.values() for r in report["rows"]]
+        means = {accuracy._settings_of(e): e for e in accuracy.over_seeds(rows)}
+        for e in accuracy.paired_differences(rows):
+            changed = dict(e, **accuracy.twin(e)[1])
+            twin = means.get(accuracy._settings_of(changed))
+            body.append(
+                [
+                    e["task"],
+                    setting(e),
+                    setting(changed),
+                    len(e["seeds"]),
+                    _pm(twin["final"], twin["final_se"], 100) if twin else "-",
+                    _pm(e["final_points"], e["final_points_se"], sign="+"),
+                    _pm(e["last3_points"], e["last3_points_se"], sign="+"),
+                ]
+            )
+    return markdown(header, body) + "\n\n" + accuracy_caption(reports)
+
+
+def accuracy_interleaved(reports: Sequence[tuple[str, str]], root: str) -> str:
+    """Per machine and system, examples/s and time to target as multiples of one process at each seed."""
+    header = [
+        "machine",
+        "system",
+        "examples/s x one process, by seed",
+        "mean",
+        "time to target x one process",
+    ]
+    body, found = [], {}
+    for machine, path in reports:
+        report = found[path] = load(root, path)
+        if report is None:
+            body.append([machine, NOT_MEASURED, "", "", ""])
+            continue
+        rows = [r for r in report["rows"] if "failed" not in r]
+        alone = {r.get("seed", 0): r for r in rows if r["system"] == "one_process"}
+        systems: dict[str, list[dict]] = {}
+        for r in rows:
+            if r["system"] != "one_process":
+                systems.setdefault(setting(r), []).append(r)
+        for name, members in systems.items():
+            pairs = [(r, alone[r.get("seed", 0)]) for r in sorted(members, key=lambda r: r.get("seed", 0))]
+            pairs = [(r, a) for r, a in pairs if r.get("examples_per_sec") and a.get("examples_per_sec")]
+            speeds = [r["examples_per_sec"] / a["examples_per_sec"] for r, a in pairs]
+            times = [_ratio(r["secs_to_target"], a["secs_to_target"]) for r, a in pairs]
+            mean = f"{sum(speeds) / len(speeds):.2f}" if speeds else "-"
+            body.append([machine, name, ", ".join(f"{s:.2f}" for s in speeds), mean, ", ".join(times)])
+    return markdown(header, body) + "\n\n" + accuracy_caption(found)
+
+
+DIGITS_SYSTEMS = ("one_process", "async", "async_compensated", "async_overlap", "async_overlap_compensated")
+DIGITS_SYSTEMS += ("sync_ps", "allreduce", "tf2_mwms")
+
+
+def _images(name: str) -> str:
+    return f"{IMAGES}/accuracy_{name}.json"
+
+
+# ---- the registry --------------------------------------------------------------------------------
+
+Renderer = Callable[..., str]
+TABLES: dict[str, Renderer | str] = {
+    "headline": headline,
+    "targets": targets,
+    "link_bytes": link_bytes,
+    "dlrm": dlrm,
+    "accuracy_teacher": functools.partial(accuracy_runs, _images("teacher"), TIME_TO_TARGET),
+    "accuracy_digits": functools.partial(
+        accuracy_runs,
+        _images("digits"),
+        TIME_TO_TARGET,
+        keep=lambda row: row["workers"] in (1, 4) and row["system"] in DIGITS_SYSTEMS,
+    ),
+    "accuracy_steps_per_run": functools.partial(accuracy_runs, _images("teacher_steps_per_run"), SPEED),
+    "accuracy_accumulation_speed": functools.partial(
+        accuracy_runs,
+        _images("teacher_16bit_accumulation"),
+        (SPEED[0], *SPEED[2:]),
+        keep=lambda row: row["system"] in ("one_process", "allreduce"),
+    ),
+    "accuracy_16bit_seeds": functools.partial(
+        accuracy_paired,
+        [
+            [_images("teacher_16bit_cosine_seeds")],
+            [_images("teacher_async_16bit_cosine_seeds")],
+            [_images("digits_seeds")],
+        ],
+    ),
+    "accuracy_accumulation_seeds": functools.partial(
+        accuracy_paired,
+        [
+            [_images("teacher_accumulate_cosine_seeds"), _images("teacher_batch_scale_cosine_seeds")],
+            [
+                _images("teacher_async_accumulate_cosine_seeds"),
+                _images("teacher_async_batch_scale_cosine_seeds"),
+            ],
+            [_images("digits_accumulate_seeds"), _images("digits_batch_scale_seeds")],
+        ],
+    ),
+    "accuracy_interleaved": functools.partial(
+        accuracy_interleaved,
+        [("AMD", _images("teacher_interleaved")), ("Intel Xeon", _images("teacher_interleaved_intel"))],
+    ),
+}
+
+
+def _plan(name: str) -> str:
+    """A table of the planner's runs (docs/planner.md), rendered by the planner itself (its data files)."""
+    from disttrain.plan import report  # lazily: the planner builds the zoo's models
+
+    return report.calibration_table(name)
+
+
+PLAN_TABLES = (
+    "plan_example",
+    "plan_spreads",
+    "plan_summary",
+    "plan_calibration",
+    "plan_held_out",
+    "plan_cloud_tcp",
+    "plan_nccl_rings",
+    "plan_pcie_rings",
+    "plan_seed",
+    "plan_emulated",
+)
+TABLES.update({name: functools.partial(_plan, name) for name in PLAN_TABLES})
+
+
+def renderer(name: str) -> Renderer:
+    entry = TABLES[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
+
+
+def render(name: str, root: str) -> str:
+    """The markdown of table `name` from the repository at `root` (KeyError for an unknown name)."""
+    fn = renderer(name)
+    takes_root = "root" in inspect.signature(fn).parameters
+    return (fn(root=root) if takes_root else fn()).strip("\n")
+
+
+# ---- pages and their blocks ----------------------------------------------------------------------
+
+
+def pages(root: str) -> list[str]:
+    """README.md and every docs/**/*.md, relative to root."""
+    found = ["README.md"] if os.path.exists(os.path.join(root, "README.md")) else []
+    docs = glob.glob(os.path.join(root, "docs", "**", "*.md"), recursive=True)
+    return found + sorted(os.path.relpath(p, root) for p in docs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    name: str
+    start: int  # index of the start marker's line
+    end: int  # index of the end marker's line
+
+
+def blocks(lines: Sequence[str], page: str = "page") -> list[Block]:
+    """The table blocks of a page's lines; markers inside fenced code are text."""
+    found, open_at, name, fence = [], None, None, None
+    for i, line in enumerate(lines):
+        m = FENCE.match(line)
+        if m and open_at is None:
+            fence = m[1] if fence is None else (None if m[1] == fence else fence)
+            continue
+        if fence:
+            continue
+        start = START.match(line)
+        if start:
+            if open_at is not None:
+                raise TableError(
+                    f"{page}:{i + 1}: table {start[1]} starts inside table {name} (line {open_at + 1})"
+                )
+            open_at, name = i, start[1]
+        elif END.match(line):
+            if open_at is None:
+                raise TableError(f"{page}:{i + 1}: <!-- /table --> with no table started")
+            found.append(Block(name, open_at, i))
+            open_at = None
+    if open_at is not None:
+        raise TableError(f"{page}:{open_at + 1}: table {name} has no <!-- /table --> line")
+    return found
+
+
+def body(table: str) -> list[str]:
+    """A block's lines between its markers: the table, then a blank line (the start marker's line is
+    a whole HTML comment, so the table may follow it directly)."""
+    return [*(line + "\n" for line in table.split("\n")), "\n"]
+
+
+def update(root: str, check: bool = False) -> tuple[list[str], list[str]]:
+    """Rewrite every block of every page from the reports (with check: only compare).
+
+    Returns (blocks rewritten or, with check, stale; problems: unknown names, unreadable pages).
+    """
+    changed, problems, cache = [], [], {}
+    for page in pages(root):
+        path = os.path.join(root, page)
+        with open(path) as f:
+            lines = f.readlines()
+        try:
+            found = blocks(lines, page)
+        except TableError as e:
+            problems.append(str(e))
+            continue
+        out, last = [], 0
+        for block in found:
+            out += lines[last : block.start + 1]
+            last = block.end
+            if block.name not in TABLES:
+                problems.append(
+                    f"{page}:{block.start + 1}: unknown table {block.name!r} (known: {', '.join(TABLES)})"
+                )
+                out += lines[block.start + 1 : block.end]
+                continue
+            if block.name not in cache:
+                cache[block.name] = body(render(block.name, root))
+            new = cache[block.name]
+            if lines[block.start + 1 : block.end] != new:
+                changed.append(f"{page}:{block.start + 1}: table {block.name}")
+            out += new
+        out += lines[last:]
+        if not check and out != lines:
+            with open(path, "w") as f:
+                f.writelines(out)
+    return changed, problems

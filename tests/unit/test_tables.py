@@ -1,0 +1,124 @@
+"""bin/tables.py: the pages' generated tables from the report files (disttrain/bench/tables.py).
+
+A fixture repository with one benchmark report shaped as `bin/benchmark.py --out` writes it: the
+headline renders its row (a failed run never counts), the cases without a report read "not
+measured", and `--check` names a stale block and an unknown table. Then the repository itself:
+every block of README.md and docs/ is what its reports give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from disttrain.bench import tables
+from tests import REPO
+
+
+def bench_run(system: str, scaling: float, bound: float, **more) -> dict:
+    """A run row as the benchmark's report holds one (the fields the tables read, and a few more)."""
+    row = {
+        "system": system,
+        "strategy": "async_ps",
+        "synchronous": False,
+        "layout": "dedicated",
+        "workers": 1,
+        "ps": 1,
+        "error": None,
+        "counted_steps_per_sec": 10 * scaling,
+        "scaling_efficiency": scaling,
+        "efficiency_vs_bound": bound,
+        "diverged": False,
+    }
+    row.update(more)
+    return row
+
+
+def bench_report(runs: list[dict], started_utc: str = "2026-12-02T09:30:00Z") -> dict:
+    return {
+        "config": {
+            "gin_files": ["gin/bench/cifar10_b32.gin"],
+            "model": "Cifar10",
+            "batch_size": 32,
+            "network": "emulated",
+            "link_mbit": 1000.0,
+            "started": started_utc[:10] + " 09:30:00",
+            "started_utc": started_utc,
+        },
+        "reference": {"steps_per_sec": 10.0, "examples_per_sec": 320.0},
+        "runs": runs,
+    }
+
+
+PAGE = """# Results
+
+Before.
+
+<!-- table: headline -->
+<!-- /table -->
+
+```
+<!-- table: not_a_block_inside_code -->
+```
+
+After.
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A repository with README.md holding the headline block, and the CIFAR-10 case's report."""
+    os.makedirs(tmp_path / "docs" / "reports" / "bench")
+    (tmp_path / "README.md").write_text(PAGE)
+    runs = [
+        bench_run("disttrain", 0.92, 0.92),
+        bench_run("tf_default", 0.46, 0.46),
+        bench_run("tf2_pss", 0.45, 0.45),
+        bench_run("tf2_pss_minsize", 0.47, 0.47),
+        # Faster on paper, but it trained nothing: never counted.
+        bench_run("tf2_pss", 0.99, 0.99, error="did not train: the global step did not move"),
+    ]
+    report = tmp_path / tables.HEADLINE[0].report
+    report.write_text(json.dumps(bench_report(runs)))
+    return tmp_path
+
+
+def test_the_headline_renders_a_reports_row_and_not_measured_without_one(repo):
+    text = tables.render("headline", str(repo))
+    cifar, mlp, *_ = text.splitlines()[2:]
+    assert cifar == f"| {tables.HEADLINE[0].label} | 0.92x | 0.47x (TF 2 PSS, MinSize) | 0.46x |"
+    assert mlp == f"| {tables.HEADLINE[1].label} | not measured | not measured | not measured |"
+    assert text.splitlines()[-1].startswith("*Measured 2026-12-02;")
+
+
+def test_update_writes_the_block_and_check_then_passes_and_names_what_goes_stale(repo):
+    changed, problems = tables.update(str(repo), check=True)
+    assert changed == ["README.md:5: table headline"] and problems == []
+
+    changed, problems = tables.update(str(repo))
+    assert changed == ["README.md:5: table headline"] and problems == []
+    page = (repo / "README.md").read_text()
+    assert page.startswith("# Results\n\nBefore.\n\n<!-- table: headline -->\n| case |")
+    assert "0.47x (TF 2 PSS, MinSize)" in page and page.endswith("```\n\nAfter.\n")
+    assert tables.update(str(repo), check=True) == ([], [])
+
+    report = repo / tables.HEADLINE[0].report
+    report.write_text(json.dumps(bench_report([bench_run("disttrain", 0.95, 0.95)])))
+    (repo / "docs" / "guide.md").write_text("<!-- table: no_such_table -->\nold\n<!-- /table -->\n")
+    changed, problems = tables.update(str(repo), check=True)
+    assert changed == ["README.md:5: table headline"]
+    assert len(problems) == 1 and problems[0].startswith("docs/guide.md:1: unknown table 'no_such_table'")
+    assert "0.47x" in (repo / "README.md").read_text(), "--check rewrote a page"
+
+
+def test_a_block_left_open_is_named():
+    with pytest.raises(tables.TableError, match="page.md:2: table headline has no <!-- /table --> line"):
+        tables.blocks(["text\n", "<!-- table: headline -->\n", "more\n"], "page.md")
+
+
+def test_every_block_of_the_repository_is_up_to_date():
+    changed, problems = tables.update(REPO, check=True)
+    assert not problems, problems
+    assert not changed, f"stale: {changed}; run python bin/tables.py and commit the pages"
