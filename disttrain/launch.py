@@ -2,7 +2,7 @@
 
 `fit(loss_fn, optimizer_fn, ...)` is the whole life of one task of a user's
 script, whatever its role; `session(strategy, ...)` is the same for a user's
-own loop; the gin/model_zoo path (bin/train.py) is `disttrain.zoo_run`, a
+own loop; the gin and model_zoo path (bin/train.py) is `disttrain.zoo_run`, a
 thin adapter over the same paths. What each role does is one table,
 `ROLES`, that every entry reads. A PS only serves: it starts its server, waits until every
 replica has said it is done (through a queue on the PS), and returns so that

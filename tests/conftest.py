@@ -1,6 +1,6 @@
 """Shared test set-up: graph mode for the whole test process, repo on sys.path, the quick tier.
 
-Tiers (DESIGN.md, "Tests"): README's test command runs `-m quick`, CI runs it and then
+Tiers (docs/design.md, "Tests"): README's test command runs `-m quick`, CI runs it and then
 `-m "not quick and not extended"`; `-m extended` (long soaks, heavy repeats) is run by hand.
 Every test under tests/unit is quick; anywhere else a test is quick only when it is marked
 `@pytest.mark.quick`, so a test added without a thought goes to the full tier.

@@ -2,8 +2,8 @@
 for dense and sparse gradients, wherever the norm is taken; and 'aggregate' only where there is one.
 
 One process (towers on virtual CPUs), where a replica's gradient is the
-aggregate, so both places give the one-process update; the cluster tests
-(tests/cluster/test_clipping.py) run replicas whose gradients differ.
+aggregate, so both places give the one-process update; 2-worker clusters
+take the norm in both places in tests/cluster/test_every_value.py.
 """
 
 from __future__ import annotations
