@@ -239,7 +239,7 @@ class _StallGuard(v1.train.SessionRunHook):
     Every strategy's step moves the global step: the replica's own update
     (async), or the synchronous update it waited for (sync PS, all-reduce).
     A step that runs and moves nothing applied no update (a train op whose
-    update never ran, as a graph cycle once made it: BUILD_NOTES, issue 20),
+    update never ran, as a graph cycle once made it: decision 0027, issue 20),
     and training on would report speed for a run that trains nothing.
     """
 

@@ -3,12 +3,12 @@
 A task's main thread waits inside TensorFlow, in a `session.run`, a
 session's creation or its close, for whatever its graph reads from peers.
 TF raises an error when it finds a peer gone, but not always: a call to a
-peer that died or restarted mid-call can wait for ever (BUILD_NOTES: the
-sync PS chaos hang, the overlap drain to a PS that left), and nothing in TF
-bounds it. The watchdog knows what the loop is waiting in (a phase, since
-when) and, once that has run past its threshold, probes the peers this task
-needs every `say_every_secs`, says whom it waits for, and ends the task with
-one line and the documented exit code:
+peer that died or restarted mid-call can wait for ever (decisions 0015 and
+0016: the sync PS chaos hang, the overlap drain to a PS that left), and
+nothing in TF bounds it. The watchdog knows what the loop is waiting in (a
+phase, since when) and, once that has run past its threshold, probes the
+peers this task needs every `say_every_secs`, says whom it waits for, and
+ends the task with one line and the documented exit code:
 
 - a needed peer unreachable for `peer_wait_secs` (a PS: every replica):
   "lost contact: ... is gone", exit 150, or 0 when training is over (the

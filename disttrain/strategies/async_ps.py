@@ -308,7 +308,7 @@ class _DrainHook(v1.train.SessionRunHook):
     lingered less long than this drain took) also leaves the session
     unclosable: the round in flight had its part on the PS, and unless gRPC
     fails fast (GRPC_FAIL_FAST=true) its call waits for a PS that, gone
-    because training ended, never comes back (BUILD_NOTES). Then a replica
+    because training ended, never comes back (decision 0016). Then a replica
     other than the chief says so in one line and, if its close has not
     returned `close_grace_secs` later, exits with 0. Not the chief (every
     PS waits for its report, so a PS it lost was lost to a fault, and its

@@ -127,7 +127,7 @@ def write_user_files(directory) -> str:
 
 @pytest.mark.timeout(SECS + 900)
 # Extended (CI's time). Its last CI run (11-27, two test files at a time) failed: 184 ids read twice
-# against a bound of 32 after a PS's SIGTERM whose chief outlived preempt_secs (BUILD_NOTES, 11-27).
+# against a bound of 32 after a PS's SIGTERM whose chief outlived preempt_secs (decision 0023).
 @pytest.mark.extended
 def test_chaos_soak_with_the_users_own_uneven_files(tmp_path):
     """Replicas read their own sharded files (Join at the end); faults at random; every id accounted for.

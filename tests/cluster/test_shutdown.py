@@ -73,8 +73,9 @@ def test_a_replica_whose_ps_left_during_the_overlap_drain_exits_0_with_one_line(
 
     Worker 1 either stops within one step of its held round and ends in its drain, or its next
     step waits on the held round (its queue is full) and waits on a PS that has gone: a call to a
-    PS that died mid-call never returns by itself, and the watchdog ends it (BUILD_NOTES). Either
-    way it exits 0 (training is over) with one line saying why, within the watchdog's bound.
+    PS that died mid-call never returns by itself, and the watchdog ends it (decisions 0015 and
+    0016). Either way it exits 0 (training is over) with one line saying why, within the
+    watchdog's bound.
     """
     # Enough steps that worker 1 starts before the chief alone finishes them (60 did not, at a
     # loaded CI's start-up: worker 1 found the run over and never reached its held rounds).

@@ -2,7 +2,7 @@
 
 The train op is broken on purpose: the optimizer's apply_gradients returns a
 no-op, so steps run (and look fast) but nothing is applied, as SyncAllReduce's
-graph cycle once did for CIFAR-10 (BUILD_NOTES, issue 20). Real processes:
+graph cycle once did for CIFAR-10 (decision 0027, issue 20). Real processes:
 one alone, and real clusters under each strategy.
 """
 

@@ -308,7 +308,7 @@ def test_all_reduce_leaves_backprop_as_tf_built_it():
     VGG16 from training on CPUs where TF turns oneDNN on: Grappler fused a
     conv's filter and bias gradients into one kernel, the added edges became
     a cycle through it, and TF's executor ended the step without running the
-    update, without an error (BUILD_NOTES, issue 20).
+    update, without an error (decision 0027, issue 20).
     """
     graph, _ = build(SyncAllReduce(chief_cluster(), bucket_bytes=256))
     backprop = [op for op in graph.get_operations() if op.name.startswith("gradients/")]
