@@ -1,4 +1,4 @@
-"""README's "Your own model" examples, run as written, in one process and on real clusters.
+"""The examples of README and docs/own_model.md, run as written, in one process and on real clusters.
 
 Each example is the README's code block, written to a file and started as
 every task of a cluster (the same script for every role, TF_CONFIG telling
@@ -36,8 +36,11 @@ STRATEGIES = {
 
 
 def readme_examples() -> dict[str, str]:
-    with open(os.path.join(REPO, "README.md")) as f:
-        blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    """README's example, then docs/own_model.md's Keras and file examples, by name."""
+    blocks = []
+    for page in ("README.md", os.path.join("docs", "own_model.md")):  # README's first: it comes first
+        with open(os.path.join(REPO, page)) as f:
+            blocks += re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
     fits = [b for b in blocks if "disttrain.fit(" in b]
     return {
         "get_variable": next(b for b in fits if "get_variable" in b and "ctx.shard" not in b),
