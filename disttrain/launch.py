@@ -29,6 +29,7 @@ from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
 from disttrain.config import RunSettings, whole_count
+from disttrain.deadlines import Deadlines
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
 from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
@@ -106,7 +107,7 @@ def fit(
             raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
         cluster = Cluster.from_env() if cluster is None else cluster
         logs.to_console()
-        preemption.install(settings.preempt_secs)
+        preemption.install(Deadlines.of(settings).preempted_secs)
         set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
         if ROLES[cluster.task_type] == SERVE:
             refuse_what_replicas_refuse(strategy, cluster, settings)
@@ -147,7 +148,7 @@ def _evaluate(
         )
     build = lambda: evaluation.call_eval_fn(eval_fn, batch_size)
     evaluation.evaluate_checkpoints(
-        logdir, build, eval_steps, steps, settings.peer_wait_secs, export_best, cluster=cluster
+        logdir, build, eval_steps, steps, Deadlines.of(settings).evaluator_secs, export_best, cluster=cluster
     )
 
 
@@ -199,7 +200,7 @@ def session(
         settings = settings or RunSettings.of(**more_settings)
         steps, logdir, batch_size, hooks = _checked(steps, logdir, batch_size, hooks)
         logs.to_console()
-        preemption.install(settings.preempt_secs)
+        preemption.install(Deadlines.of(settings).preempted_secs)
         if ROLES[cluster.task_type] == SERVE:
             serve(cluster, settings, logdir, steps)
             sys.exit(0)
@@ -404,16 +405,18 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
         cluster, v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads)
     )
     log.info(f"{cluster.task_name} serving at {cluster.address}")
-    linger, grace = settings.ps_linger_secs, settings.preempt_secs
+    deadlines = Deadlines.of(settings)
     replicas = [(f"/job:{job}/task:{i}", cluster.jobs[job][i]) for job, i in cluster.replica_jobs]
     over = lambda: (recovery.checkpoint_step(v1.train.latest_checkpoint(logdir)) or -1) >= steps
-    # Ends this PS when no replica has been reachable for peer_wait_secs (after its first
-    # peer_wait_secs, while they start): nobody would ever report to it.
+    # Ends this PS when no replica has been reachable for peer_secs (after serving_secs, while
+    # they start): nobody would ever report to it.
     watchdog = watchdogs.Watchdog(
-        cluster.task_name, replicas, settings.peer_wait_secs, settings.wait_log_secs, over, all_needed=False
+        cluster.task_name, replicas, deadlines.peer_secs, settings.wait_log_secs, over, all_needed=False
     )
-    watchdog.start().enter("serving", settings.peer_wait_secs)
-    reported = servers.serve_until_done(cluster, server.target, linger, grace)
+    watchdog.start().enter("serving", deadlines.serving_secs)
+    reported = servers.serve_until_done(
+        cluster, server.target, deadlines.linger_secs, deadlines.ps_preempted_secs
+    )
     watchdog.stop()
     if preemption.requested():
         chief = "the chief checkpointed first" if 0 in reported else "the chief did not report a checkpoint"
@@ -430,8 +433,9 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
     server = servers.start_server(cluster, session_config)
     target = server.target
     others = servers.peers(cluster, strategy.device_filters())
-    servers.wait_for_peers(others, settings.peer_wait_secs, say_every_secs=settings.wait_log_secs)
-    servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), settings.peer_wait_secs)
+    deadlines = Deadlines.of(settings)
+    servers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
+    servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), deadlines.cluster_check_secs)
 
     def on_reconnect(tf_texts: list[str]):
         lost = servers.probe_lost(cluster, others, tf_texts)
@@ -441,7 +445,7 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
                 "exiting to restart from the last checkpoint"
             )
         log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
-        servers.wait_for_peers(others, settings.peer_wait_secs, say_every_secs=settings.wait_log_secs)
+        servers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
         latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
         log.info(f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}")
 

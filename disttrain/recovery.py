@@ -17,6 +17,7 @@ import time
 import tensorflow as tf
 
 from disttrain import preemption
+from disttrain.deadlines import Deadlines
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -110,7 +111,13 @@ class PreemptionHook(v1.train.SessionRunHook):
     """
 
     def __init__(
-        self, global_step, notices, is_chief: bool, poll_secs=0.25, settle_secs=3.0, stop_on_request=True
+        self,
+        global_step,
+        notices,
+        is_chief: bool,
+        poll_secs=0.25,
+        settle_secs=Deadlines.PREEMPT_SETTLE_SECS,
+        stop_on_request=True,
     ):
         self._global_step, self._notices, self._is_chief = global_step, list(notices), is_chief
         self._poll_secs, self._settle_secs = poll_secs, settle_secs
@@ -129,7 +136,7 @@ class PreemptionHook(v1.train.SessionRunHook):
     def _watch(self, session, coord):
         names = [name for name, _ in self._notices]
         sizes = [size for _, size in self._notices]
-        options = v1.RunOptions(timeout_in_ms=5000)
+        options = v1.RunOptions(timeout_in_ms=int(Deadlines.PREEMPT_NOTICE_READ_SECS * 1000))
         while not coord.wait_for_stop(self._poll_secs) and not preemption.requested():
             try:
                 posted = session.run(sizes, options=options)

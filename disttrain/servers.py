@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from disttrain import preemption, quiet
 from disttrain.cluster import PS, Cluster
+from disttrain.deadlines import Deadlines
 from disttrain.errors import ConfigError, TransientError
 
 v1 = tf.compat.v1
@@ -121,7 +122,7 @@ def wait_for_peers(
         time.sleep(poll_secs)
 
 
-def _accepts(address: str, timeout_secs: float = 1.0) -> bool:
+def _accepts(address: str, timeout_secs: float = Deadlines.PROBE_SECS) -> bool:
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_secs):
@@ -130,7 +131,7 @@ def _accepts(address: str, timeout_secs: float = 1.0) -> bool:
         return False
 
 
-def probe(targets: list[tuple[str, str]], timeout_secs: float = 1.0) -> dict[str, bool]:
+def probe(targets: list[tuple[str, str]], timeout_secs: float = Deadlines.PROBE_SECS) -> dict[str, bool]:
     """Whether each peer accepts a TCP connection now: one try each, all at once."""
     if not targets:
         return {}
@@ -290,7 +291,7 @@ def probe_lost(cluster: Cluster, talks_to: list[tuple[str, str]], tf_texts: list
 _SPEC_TABLE = "disttrain_cluster_spec"
 
 
-def check_cluster_agrees(cluster: Cluster, target: str, anchor: str, timeout_secs: float = 30.0) -> None:
+def check_cluster_agrees(cluster: Cluster, target: str, anchor: str, timeout_secs: float) -> None:
     """Fail fast if this task was started with another cluster spec than its peers.
 
     The first task to arrive registers its spec in a small table on `anchor`
@@ -349,7 +350,9 @@ def _done_queue(ps_index: int, num_replicas: int):
         )
 
 
-def signal_done(cluster: Cluster, target: str, timeout_secs: float = 10.0, only: str | None = None) -> None:
+def signal_done(
+    cluster: Cluster, target: str, timeout_secs: float = Deadlines.TELL_PS_SECS, only: str | None = None
+) -> None:
     """Tell every PS (`only`: that one) this replica has finished; return within about `timeout_secs`.
 
     A PS that has already exited is not an error (it ends `ps_linger_secs`
@@ -432,7 +435,7 @@ def preempt_notice(ps_index: int):
         )
 
 
-def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempt_secs: float = 20.0) -> set:
+def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempted_secs: float) -> set:
     """Run a PS until every replica is done, or `linger_secs` after the chief is; or a preemption.
 
     Returns the replica indices that reported. The chief (replica 0) always
@@ -440,7 +443,7 @@ def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempt_
     that died and never came back cannot keep the PS alive forever. Once
     `preemption.requested()` (SIGTERM), the PS posts to its preemption queue
     so that the replicas stop and the chief checkpoints, and returns as soon as
-    the chief has reported, or after `preempt_secs` less 3 s.
+    the chief has reported, or after `preempted_secs` (`Deadlines.ps_preempted_secs`).
     """
     with tf.Graph().as_default() as graph:
         done = _done_queue(cluster.task_index, cluster.num_replicas)
@@ -462,14 +465,14 @@ def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempt_
             taker = threading.Thread(target=take, name="disttrain-done-queue", daemon=True)
             taker.start()
             try:
-                return _count_reports(cluster, session, notice, arrivals, linger_secs, preempt_secs)
+                return _count_reports(cluster, session, notice, arrivals, linger_secs, preempted_secs)
             finally:
                 with contextlib.suppress(tf.errors.OpError):
                     session.run(close)
-                taker.join(5)
+                taker.join(Deadlines.DONE_QUEUE_CLOSE_SECS)
 
 
-def _count_reports(cluster, session, notice, arrivals, linger_secs, preempt_secs) -> set[int]:
+def _count_reports(cluster, session, notice, arrivals, linger_secs, preempted_secs) -> set[int]:
     reported: set[int] = set()
     deadline = None
     noticed = False
@@ -481,7 +484,7 @@ def _count_reports(cluster, session, notice, arrivals, linger_secs, preempt_secs
             log.info(f"{cluster.task_name}: told the replicas; waiting for the chief's checkpoint")
             if 0 in reported:
                 break
-            bound = now + max(1.0, preempt_secs - 3.0)
+            bound = now + preempted_secs
             deadline = bound if deadline is None else min(deadline, bound)
         if deadline is not None and now >= deadline:
             missing = sorted(set(range(cluster.num_replicas)) - reported)

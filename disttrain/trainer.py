@@ -35,6 +35,7 @@ from disttrain import watchdog as watchdogs
 from disttrain.clipping import Clip
 from disttrain.cluster import Cluster
 from disttrain.config import RunSettings
+from disttrain.deadlines import Deadlines
 from disttrain.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
 from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
 
@@ -148,7 +149,7 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
         deadline = start + self._max_wait
         while True:  # in rounds, to say whom it waits for while it waits
             left = deadline - time.monotonic()
-            round_secs = max(0.5, min(self._say_every, left))
+            round_secs = max(Deadlines.LEAST_ROUND_SECS, min(self._say_every, left))
             try:
                 # A round's polls each return at once, unless a peer froze mid-call (its port still
                 # open): then the round is judged hung, as a step would be.
@@ -180,7 +181,8 @@ class _WorkerSessionCreator(v1.train.SessionCreator):
         """' (e.g. NAME, 3 in all)': what is not initialised yet, or '' if that cannot be read now."""
         try:
             with v1.Session(self._master, config=self._config) as session:
-                names = session.run(self._scaffold.ready_op, options=v1.RunOptions(timeout_in_ms=2000))
+                options = v1.RunOptions(timeout_in_ms=int(Deadlines.READY_READ_SECS * 1000))
+                names = session.run(self._scaffold.ready_op, options=options)
         except tf.errors.OpError:
             return ""
         if not len(names):
@@ -304,18 +306,13 @@ class StepWatch(v1.train.SessionRunHook):
     once hung for good, unseen) after `first_secs`. The hooks after a step
     (checkpoints, summaries: runs on the PS tasks, which hang on a frozen
     PS as a step does) are judged from this hook's `after_run` to the
-    `Done` hook's, which runs last: after 5 x `first_secs`, or `factor`
-    times the longest they took. Between steps (a loop of the user's own) only a
-    lost peer ends the task.
+    `Done` hook's, which runs last: after `Deadlines.hooks_after(first_secs)`,
+    or `factor` times the longest they took. Between steps (a loop of the
+    user's own) only a lost peer ends the task. The values come from
+    `Deadlines` (`step_min_secs`, `STEP_FACTOR`, `first_step_secs`).
     """
 
-    def __init__(
-        self,
-        watchdog: watchdogs.Watchdog,
-        min_secs: float = 60.0,
-        factor: float = 10.0,
-        first_secs: float = 120.0,
-    ):
+    def __init__(self, watchdog: watchdogs.Watchdog, min_secs: float, factor: float, first_secs: float):
         self._watchdog, self._min, self._factor, self._first = watchdog, min_secs, factor, first_secs
         self._recent: collections.deque[float] = collections.deque(maxlen=100)
         self._hooks_longest = 0.0  # the longest the hooks after a step took
@@ -347,9 +344,7 @@ class StepWatch(v1.train.SessionRunHook):
         self._recent.append(time.monotonic() - self._started)
         self._steps += self._run_steps
         self._started = time.monotonic()
-        # A chief's save of a large model may take minutes with every peer well: 5 x first_secs
-        # (10 min at the default peer_wait_secs) before a save is taken for hung on a frozen PS.
-        threshold = max(5 * self._first, self._factor * self._hooks_longest)
+        threshold = max(Deadlines.hooks_after(self._first), self._factor * self._hooks_longest)
         self._watchdog.enter(
             f"the hooks after step {self._steps} (checkpoints, summaries)", threshold, may_hang=True
         )
@@ -405,7 +400,7 @@ def _finish_together(
             finished.size(),
             cluster.num_replicas - 1,
             global_step,
-            settings.peer_wait_secs,
+            Deadlines.of(settings).replicas_idle_secs,
             strategy.global_step_refresh,
             save,
             timer,
@@ -423,7 +418,9 @@ class _ReportFinished(v1.train.SessionRunHook):
         if preemption.requested():
             return  # it comes back
         with contextlib.suppress(tf.errors.OpError):  # PS 0 gone: the chief has checkpointed
-            session.run(self._enqueue, options=v1.RunOptions(timeout_in_ms=10_000))
+            session.run(
+                self._enqueue, options=v1.RunOptions(timeout_in_ms=int(Deadlines.TELL_PS_SECS * 1000))
+            )
 
 
 class _AwaitReplicas(v1.train.SessionRunHook):
@@ -526,14 +523,14 @@ class _Reconnecting(v1.train.SessionCreator):
     peers and TF's error texts) and gives up after a bounded wait for it.
     """
 
-    def __init__(self, inner, on_reconnect, lost_peer_log: _LostPeerLog, watchdog=None, wait_secs=120.0):
+    def __init__(self, inner, on_reconnect, lost_peer_log: _LostPeerLog, watchdog=None, recovering_secs=None):
         self._inner, self._on_reconnect, self._created = inner, on_reconnect, 0
-        self._log, self._watchdog, self._wait = lost_peer_log, watchdog, wait_secs
+        self._log, self._watchdog, self._recovering = lost_peer_log, watchdog, recovering_secs
 
     def create_session(self):
         texts = self._log.take()
         if self._created and self._watchdog is not None:
-            self._watchdog.enter("recovering the session", 2 * self._wait)
+            self._watchdog.enter("recovering the session", self._recovering)
         if self._created and self._on_reconnect is not None:
             self._on_reconnect(texts)
         self._created += 1
@@ -724,16 +721,19 @@ def monitored_session(
     # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
     live = bool(notices) and strategy.adopts_live_ps_state
     creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live, watchdog)
-    watchdog.start().enter("creating the session", settings.peer_wait_secs)
+    deadlines = Deadlines.of(settings)
+    watchdog.start().enter("creating the session", deadlines.creating_session_secs)
     with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
-        creator = _Reconnecting(creator, on_reconnect, lost_peer_log, watchdog, settings.peer_wait_secs)
+        creator = _Reconnecting(
+            creator, on_reconnect, lost_peer_log, watchdog, deadlines.recovering_session_secs
+        )
         with v1.train.MonitoredSession(
-            session_creator=creator, hooks=all_hooks, stop_grace_period_secs=5
+            session_creator=creator, hooks=all_hooks, stop_grace_period_secs=Deadlines.STOP_THREADS_SECS
         ) as session:
             try:
                 yield session
             except BaseException:
-                watchdog.enter("closing the session after an error", min(60.0, settings.peer_wait_secs))
+                watchdog.enter("closing the session after an error", deadlines.closing_session_secs)
                 raise
             _closing(watchdog, cluster, settings)
     watchdog.stop()
@@ -759,7 +759,7 @@ def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettin
     take long for a large model; only a lost peer ends it.
     """
     code = EXIT_TRANSIENT if preemption.requested() else 0
-    threshold = min(60.0, settings.peer_wait_secs)
+    threshold = Deadlines.of(settings).closing_session_secs
     watchdog.enter("closing the session", threshold, may_hang=not cluster.is_chief, hung_code=code)
 
 
@@ -827,11 +827,6 @@ def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.T
         ) from None
 
 
-def step_thresholds(settings: RunSettings) -> tuple[float, float, float]:
-    """StepWatch's (min_secs, factor, first_secs): when a step is judged, from peer_wait_secs."""
-    return min(60.0, settings.peer_wait_secs), 10.0, settings.peer_wait_secs
-
-
 def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir: str, steps: int):
     """The watchdog of a replica: the peers it cannot go on without, and how it tells training is over.
 
@@ -853,7 +848,7 @@ def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings
         return (step or -1) >= steps
 
     return watchdogs.Watchdog(
-        cluster.task_name, needed, settings.peer_wait_secs, settings.wait_log_secs, over
+        cluster.task_name, needed, Deadlines.of(settings).peer_secs, settings.wait_log_secs, over
     )
 
 
@@ -877,7 +872,10 @@ def _watch_hooks(
         hooks.append(_InputEnded(cluster.task_name, strategy, global_step))
     if settings.stall_window:
         hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
-    hooks.append(StepWatch(watchdog, *step_thresholds(settings)))
+    deadlines = Deadlines.of(settings)
+    hooks.append(
+        StepWatch(watchdog, deadlines.step_min_secs, Deadlines.STEP_FACTOR, deadlines.first_step_secs)
+    )
     if settings.trace_steps:
         hooks.append(
             metrics.TraceHook(
@@ -893,7 +891,12 @@ def _session_creator(
     """The chief's creator (restores, or adopts `live` PS state) or a worker's (waits for the chief)."""
     if not cluster.is_chief:
         return _WorkerSessionCreator(
-            scaffold, target, session_config, settings.peer_wait_secs, settings.wait_log_secs, watchdog
+            scaffold,
+            target,
+            session_config,
+            Deadlines.of(settings).chief_variables_secs,
+            settings.wait_log_secs,
+            watchdog,
         )
     check_restorable(usable_checkpoint(logdir), v1.global_variables())
     return recovery.ChiefSessionCreator(

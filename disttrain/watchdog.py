@@ -21,6 +21,7 @@ ends the task with one line and the documented exit code:
 The process ends with `os._exit`: the main thread is stuck in TensorFlow's
 C++ and nothing else would end it. Peers are probed by TCP connect only
 while a phase is past its threshold, so a healthy run costs nothing.
+Each phase's threshold and the peer wait come from `disttrain.deadlines.Deadlines`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from disttrain import evaluation, launch, placement, preemption, trainer
 from disttrain.clipping import Clip
 from disttrain.cluster import EVALUATOR, PS, Cluster
 from disttrain.config import TrainConfig
+from disttrain.deadlines import Deadlines
 from disttrain.strategies import Strategy
 
 v1 = tf.compat.v1
@@ -102,7 +103,7 @@ def _evaluate(cluster: Cluster, config: TrainConfig, logdir: str, on_built) -> i
         build_metrics,
         config.eval_steps,
         config.train_steps,
-        config.peer_wait_secs,
+        Deadlines.of(config).evaluator_secs,
         cluster=cluster,
     )
     return 0
@@ -124,7 +125,7 @@ def run(
 ) -> int:
     """The whole life of one task; returns its exit code (errors raise DisttrainError)."""
     config.validate()
-    preemption.install(config.preempt_secs)
+    preemption.install(Deadlines.of(config).preempted_secs)
     launch.set_process_threads(config.intra_op_threads, config.inter_op_threads)
     if launch.ROLES[cluster.task_type] == launch.SERVE:
         launch.refuse_what_replicas_refuse(config.strategy, cluster, config)

@@ -10,6 +10,7 @@ import time
 import tensorflow as tf
 
 from disttrain import preemption, servers, tf_internals
+from disttrain.deadlines import Deadlines
 from disttrain.strategies import sparse, transfer, waves
 from disttrain.strategies.ps import PsStrategy
 
@@ -317,7 +318,14 @@ class _DrainHook(v1.train.SessionRunHook):
     """
 
     def __init__(
-        self, queued, applied, loop=None, task="", chief=True, timeout_secs=120.0, close_grace_secs=15.0
+        self,
+        queued,
+        applied,
+        loop=None,
+        task="",
+        chief=True,
+        timeout_secs=Deadlines.DRAIN_SECS,
+        close_grace_secs=Deadlines.DRAIN_CLOSE_GRACE_SECS,
     ):
         self._counts = (queued.read_value(), applied.read_value())
         self._loop, self._task, self._chief = loop, task, chief

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from disttrain import preemption, servers, tf_internals
+from disttrain.deadlines import Deadlines
 from disttrain.errors import ConfigError
 from disttrain.strategies import sparse, transfer
 from disttrain.strategies.ps import PsStrategy
@@ -45,9 +46,8 @@ log = logging.getLogger("disttrain")
 
 _DONE_QUEUE = "disttrain_sync_done"
 _TOKEN_QUEUE = "disttrain_sync_token"
-# After a stop that is not the end, how long the aggregator goes on releasing the steps left in the
-# chief's run while no replica takes a token (a step slower than this ends by the watchdog, as before).
-_RELEASE_IDLE_SECS = 60.0
+# The aggregator's own calls to the queues (Deadlines.AGGREGATOR_CALL_SECS).
+_CALL_MS = int(Deadlines.AGGREGATOR_CALL_SECS * 1000)
 
 
 class SyncParameterServer(PsStrategy):
@@ -468,7 +468,7 @@ class _Aggregator(v1.train.SessionRunHook):
         coord.wait_for_stop()
         try:
             feed = {self._ops.nonce: nonce}
-            session.run(self._ops.wake, feed_dict=feed, options=v1.RunOptions(timeout_in_ms=5000))
+            session.run(self._ops.wake, feed_dict=feed, options=v1.RunOptions(timeout_in_ms=_CALL_MS))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not stop the sync aggregator: %s", str(e).splitlines()[0])
 
@@ -493,7 +493,7 @@ class _Aggregator(v1.train.SessionRunHook):
         """The end of training: every replica waiting at its token stops (its dequeue fails)."""
         self._closing = True
         try:
-            session.run(self._ops.close, options=v1.RunOptions(timeout_in_ms=5000))
+            session.run(self._ops.close, options=v1.RunOptions(timeout_in_ms=_CALL_MS))
         except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
             log.warning("could not close the sync token queues: %s", str(e).splitlines()[0])
 
@@ -521,11 +521,13 @@ class _Aggregator(v1.train.SessionRunHook):
         their steps). Those steps change nothing (no update closes them); a
         spare token is drained when a session is created.
         """
-        ops, given, options = self._ops, [1] * self._n, v1.RunOptions(timeout_in_ms=5000)
+        ops, given, options = self._ops, [1] * self._n, v1.RunOptions(timeout_in_ms=_CALL_MS)
         taken_at = time.monotonic()
         while self._in_run.is_set() and min(given) < self._steps_per_run:
-            if time.monotonic() - taken_at > _RELEASE_IDLE_SECS:
-                log.warning("sync aggregator: the chief's run took no token for %.0f s", _RELEASE_IDLE_SECS)
+            if time.monotonic() - taken_at > Deadlines.RELEASE_IDLE_SECS:
+                log.warning(
+                    "sync aggregator: the chief's run took no token for %.0f s", Deadlines.RELEASE_IDLE_SECS
+                )
                 return
             empty = [r for r, n in enumerate(session.run(ops.tokens, options=options)) if n == 0]
             empty = [r for r in empty if given[r] < self._steps_per_run]
@@ -588,7 +590,7 @@ class _Aggregator(v1.train.SessionRunHook):
             # next aggregator. A spare token is drained when a session is created (_DrainOwnTokens).
             if not self._closing:
                 try:
-                    session.run(ops.release, options=v1.RunOptions(timeout_in_ms=5000))
+                    session.run(ops.release, options=v1.RunOptions(timeout_in_ms=_CALL_MS))
                     self._release_the_rest_of_the_run(session)
                 except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
                     log.warning("could not release the waiting replicas: %s", str(e).splitlines()[0])
