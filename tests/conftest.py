@@ -17,6 +17,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+# disttrain first, as users are told to import it: it keeps TensorFlow's start-up lines (oneDNN,
+# "before absl::InitializeLog") off stderr, where xdist would relay them after the summary.
+import disttrain  # noqa: E402, F401
+
+# isort: split
 import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
