@@ -52,9 +52,13 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
     evaluator = threading.Thread(target=zoo_run.run, args=(EVALUATOR_TASK, final, logdir))
     evaluator.start()
     train(2, logdir)  # a checkpoint at step 2
-    deadline = time.monotonic() + 60
-    while len(consumed) < 3 and time.monotonic() < deadline:
+    # Wait until the evaluator has measured it: once step 4's is written it takes the newest only.
+    # (Waiting for three batches read was not enough: its evaluation of step 0, which the chief
+    # saves as its session starts, could read them, and step 2 was then never measured.)
+    out, deadline = "", time.monotonic() + 60
+    while "evaluator: step 2 " not in out and time.monotonic() < deadline:
         time.sleep(0.1)
+        out += capsys.readouterr().out
     train(4, logdir)  # and one at step 4
     evaluator.join(timeout=120)
     assert not evaluator.is_alive()
@@ -66,7 +70,7 @@ def test_each_checkpoint_is_evaluated_on_the_same_held_out_batches(tmp_path, cap
     starts = [k for k, i in enumerate(consumed) if i == 0]
     assert len(starts) == len(evaluated), consumed
     assert all(consumed[k : k + 3] == [0, 1, 2] for k in starts), consumed
-    out = capsys.readouterr().out
+    out += capsys.readouterr().out
     assert "evaluator: step 4 " in out, out  # the console is read, so the next line can fail
     assert "eval_input_fn is not set" not in out
 
