@@ -22,7 +22,11 @@ The public API:
 
 import os as _os
 
-from disttrain import quiet as _quiet
+from disttrain import _moved
+from disttrain.base import quiet as _quiet
+
+# The module paths of 0.1.0 (`disttrain.placement`, `disttrain.errors`, ...) as deprecated aliases.
+_moved.install()
 
 # TensorFlow's C++ logging below warnings is noise to a user; DISTTRAIN_TF_LOGS=1
 # keeps it, and an explicit TF_CPP_MIN_LOG_LEVEL wins. Only effective before
@@ -37,13 +41,13 @@ with _quiet.tf_start_up():
 # Graph mode for the whole process, before any op exists.
 _tf.compat.v1.disable_eager_execution()
 
-from disttrain.cluster import Cluster  # noqa: E402
-from disttrain.config import RunSettings, TrainConfig  # noqa: E402
-from disttrain.errors import DisttrainError  # noqa: E402
-from disttrain.exporting import BestExport, export  # noqa: E402
-from disttrain.input_context import InputContext  # noqa: E402
+from disttrain.base.cluster import Cluster  # noqa: E402
+from disttrain.base.config import RunSettings, TrainConfig  # noqa: E402
+from disttrain.base.errors import DisttrainError  # noqa: E402
+from disttrain.graph.input_context import InputContext  # noqa: E402
+from disttrain.graph.optimizers import LazyAdamOptimizer  # noqa: E402
 from disttrain.launch import fit, session  # noqa: E402
-from disttrain.optimizers import LazyAdamOptimizer  # noqa: E402
+from disttrain.runtime.exporting import BestExport, export  # noqa: E402
 from disttrain.strategies import (  # noqa: E402
     AsyncParameterServer,
     Strategy,
@@ -69,3 +73,8 @@ __all__ = [
     "fit",
     "session",
 ]
+
+
+def __getattr__(name: str):
+    """`disttrain.placement` and the other module paths of 0.1.0, read as attributes (deprecated)."""
+    return _moved.attribute(name)

@@ -2,7 +2,7 @@
 
 `fit(loss_fn, optimizer_fn, ...)` is the whole life of one task of a user's
 script, whatever its role; `session(strategy, ...)` is the same for a user's
-own loop; the gin and model_zoo path (bin/train.py) is `disttrain.zoo_run`, a
+own loop; the gin and model_zoo path (bin/train.py) is `disttrain.edges.zoo_run`, a
 thin adapter over the same paths. What each role does is one table,
 `ROLES`, that every entry reads. A PS only serves: it starts its server, waits until every
 replica has said it is done (through a queue on the PS), and returns so that
@@ -24,13 +24,15 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import evaluation, exporting, logs, metrics, placement, preemption, recovery, servers, trainer
-from disttrain import watchdog as watchdogs
-from disttrain.clipping import Clip
-from disttrain.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
-from disttrain.config import RunSettings, whole_count
-from disttrain.deadlines import Deadlines
-from disttrain.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
+from disttrain.base import logs, preemption, tf_errors
+from disttrain.base.cluster import CHIEF, EVALUATOR, LOCAL, PS, WORKER, Cluster
+from disttrain.base.config import RunSettings, whole_count
+from disttrain.base.deadlines import Deadlines
+from disttrain.base.errors import EXIT_TRANSIENT, ConfigError, DisttrainError, PreemptedError, TransientError
+from disttrain.graph import placement
+from disttrain.graph.clipping import Clip
+from disttrain.runtime import evaluation, exporting, metrics, peers, ps_serving, recovery, trainer
+from disttrain.runtime import watchdog as watchdogs
 from disttrain.strategies import AsyncParameterServer, Strategy, SyncAllReduce
 
 v1 = tf.compat.v1
@@ -225,7 +227,7 @@ def session(
         # Preempted, a replica is not done: a PS that counted it would leave. Only a PS that is
         # being preempted itself is told, so that it leaves once the chief has checkpointed.
         if not cluster.is_local and (preemption.peer() or not preemption.requested()):
-            servers.signal_done(cluster, target, only=preemption.peer())
+            ps_serving.signal_done(cluster, target, only=preemption.peer())
         if preemption.requested():
             raise PreemptedError(
                 f"{cluster.task_name} preempted ({preemption.reason()}): stopped at global step "
@@ -277,7 +279,7 @@ def _training_over(
         return None
     if cluster.num_ps and not cluster.is_local and not preemption.requested():
         config = strategy.session_config(settings.intra_op_threads, settings.inter_op_threads)
-        servers.signal_done(cluster, servers.start_server(cluster, config).target)
+        ps_serving.signal_done(cluster, peers.start_server(cluster, config).target)
     result = metrics.TaskThroughput(cluster.task_name, cluster.is_chief, global_step=step)
     trainer.write_result(logdir, cluster.task_type, cluster.task_index, result)
     return _Over(result)
@@ -359,12 +361,12 @@ def errors_to_exit(cluster: Cluster | None = None):
     ) as e:
         texts = [str(e.message or type(e).__name__)]
         passed_on = not isinstance(e, tf.errors.UnavailableError | tf.errors.AbortedError)
-        if passed_on and not servers.failed_with_a_peer(texts[0]):
+        if passed_on and not tf_errors.failed_with_a_peer(texts[0]):
             raise
         if cluster is None or cluster.is_local:
-            lost = servers.lost_peers(None, texts, {})
+            lost = tf_errors.lost_peers(None, texts, {})
         else:
-            lost = servers.probe_lost(cluster, [], texts)
+            lost = peers.probe_lost(cluster, [], texts)
         fail(_lost_contact(lost), EXIT_TRANSIENT)
     except KeyboardInterrupt:
         fail("interrupted", 130)
@@ -401,7 +403,7 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
     """
     if _over_at(cluster, logdir, steps) is not None:
         return
-    server = servers.start_server(
+    server = peers.start_server(
         cluster, v1.ConfigProto(intra_op_parallelism_threads=settings.intra_op_threads)
     )
     log.info(f"{cluster.task_name} serving at {cluster.address}")
@@ -414,7 +416,7 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
         cluster.task_name, replicas, deadlines.peer_secs, settings.wait_log_secs, over, all_needed=False
     )
     watchdog.start().enter("serving", deadlines.serving_secs)
-    reported = servers.serve_until_done(
+    reported = ps_serving.serve_until_done(
         cluster, server.target, deadlines.linger_secs, deadlines.ps_preempted_secs
     )
     watchdog.stop()
@@ -430,22 +432,22 @@ def _connect(cluster: Cluster, strategy: Strategy, settings: RunSettings, logdir
     trainer.check_writable(logdir)
     if cluster.is_local:
         return "", None, session_config
-    server = servers.start_server(cluster, session_config)
+    server = peers.start_server(cluster, session_config)
     target = server.target
-    others = servers.peers(cluster, strategy.device_filters())
+    others = peers.peers(cluster, strategy.device_filters())
     deadlines = Deadlines.of(settings)
-    servers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
-    servers.check_cluster_agrees(cluster, target, servers.spec_anchor(cluster), deadlines.cluster_check_secs)
+    peers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
+    peers.check_cluster_agrees(cluster, target, peers.spec_anchor(cluster), deadlines.cluster_check_secs)
 
     def on_reconnect(tf_texts: list[str]):
-        lost = servers.probe_lost(cluster, others, tf_texts)
+        lost = peers.probe_lost(cluster, others, tf_texts)
         if not strategy.recovers_in_process:
             raise TransientError(
                 f"{_lost_contact(lost)}; {type(strategy).__name__} cannot recover in-process: "
                 "exiting to restart from the last checkpoint"
             )
         log.info(f"{cluster.task_name} lost its session: {lost}; checking peers")
-        servers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
+        peers.wait_for_peers(others, deadlines.peer_secs, say_every_secs=settings.wait_log_secs)
         latest = v1.train.latest_checkpoint(logdir) if cluster.is_chief else None
         log.info(f"{cluster.task_name} every peer is reachable again; resuming from {latest or 'the chief'}")
 

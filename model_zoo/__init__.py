@@ -1,4 +1,7 @@
-"""Models for disttrain, found by name: `model_zoo.get("mlp")(**params)`."""
+"""Models for disttrain, found by name: `model_zoo.get("mlp")(**params)`.
+
+May import: base and graph.
+"""
 
 from model_zoo import alexnet, cifar10, dlrm, inception_v3, mlp, resnet, vgg16  # noqa: F401  (registers the models)
 from model_zoo.base import Model

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from disttrain.errors import NoFilesError
-from disttrain.input_context import shard_files
+from disttrain.base.errors import NoFilesError
+from disttrain.graph.input_context import shard_files
 
 MEAN_RGB = (0.485, 0.456, 0.406)
 STDDEV_RGB = (0.229, 0.224, 0.225)
@@ -74,7 +74,7 @@ def imagenet(
     `model` gives the image size (`input_shape[0]`, square images) and
     `num_classes`. Replicas read disjoint files when there are at least as
     many files as replicas, else every num_replicas-th record (see
-    `disttrain.input_context.shard_files`). `shuffle_buffer=0` keeps the file order (tests).
+    `disttrain.graph.input_context.shard_files`). `shuffle_buffer=0` keeps the file order (tests).
     """
     files = tf.io.gfile.glob(file_pattern) if file_pattern else []
     if not files:

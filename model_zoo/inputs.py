@@ -11,7 +11,7 @@ import time
 
 import tensorflow as tf
 
-from disttrain.input_context import shard_records
+from disttrain.graph.input_context import shard_records
 
 
 def synthetic(

@@ -22,8 +22,8 @@ import sys
 import time
 
 from disttrain.bench.measure import parse_line
+from disttrain.edges.local import LocalCluster, LogFollower
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster, LogFollower
 
 # Where a chief resumes: adopted live state, a restored checkpoint (start or in-process recovery).
 _RESUMED = re.compile(r"(?:adopting the PS tasks' live state at global step (\d+)|restoring \S*ckpt-(\d+))")

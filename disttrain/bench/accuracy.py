@@ -37,10 +37,10 @@ import numpy as np
 import tensorflow as tf
 
 import disttrain
-from disttrain import run_steps, schedules
 from disttrain.bench import tf2
 from disttrain.bench.peers import tf2_heldout
-from disttrain.local import drop_checkpoints, free_port, task_env
+from disttrain.edges.local import drop_checkpoints, free_port, task_env
+from disttrain.graph import run_steps, schedules
 from disttrain.strategies import TFDefault
 
 v1 = tf.compat.v1
@@ -161,7 +161,7 @@ class System:
     synchronous: bool = False
     backup_workers: int = 0
     # Staleness handled: the momentum (and past zero, the rate) lowered for the implicit
-    # momentum asynchrony adds (disttrain.schedules.async_momentum).
+    # momentum asynchrony adds (disttrain.graph.schedules.async_momentum).
     compensated: bool = False
     overlap: bool = False
     peer: str | None = None  # a TF 2 strategy's program (bench.tf2.PEERS), run instead of disttrain.fit

@@ -4,7 +4,7 @@ Pure functions on numbers (no graph, no session), used by the benchmark to say h
 a measured run is from what its hosts and links could do at best.
 
 D, R, S, N, P, B and C, rounds, and the bytes each host link carries per
-round in each layout are defined in `disttrain.traffic`, which the planner
+round in each layout are defined in `disttrain.plan.traffic`, which the planner
 shares.
 
 With communication overlapped with compute, a round takes at least
@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from disttrain.traffic import busiest_bytes_per_round
+from disttrain.plan.traffic import busiest_bytes_per_round
 
 
 def link_rate_bytes(link_mbit: float | None) -> float:

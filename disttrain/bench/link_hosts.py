@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from disttrain.errors import TransientError
+from disttrain.base.errors import TransientError
 from disttrain.plan import links
 
 CONTROL_OFFSET = 1  # the control server listens at the task's port + this

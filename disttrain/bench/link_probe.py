@@ -30,9 +30,9 @@ import sys
 import tempfile
 import threading
 
-from disttrain import traffic
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import netem
+from disttrain.plan import traffic
 
 METHODS = ("tcp_ring", "tcp_all_to_all", "tf_ring", "tf_all_to_all")
 TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_task.py")

@@ -45,7 +45,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from disttrain import logs, metrics
+from disttrain.base import logs
+from disttrain.runtime import metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Sample:
 
 
 def parse_line(line: str) -> dict | None:
-    """The numbers in a task's console throughput line (`disttrain.logs` format), or None."""
+    """The numbers in a task's console throughput line (`disttrain.base.logs` format), or None."""
     message = logs.message_of(line)
     return None if message is None else metrics.parse_throughput(message)
 

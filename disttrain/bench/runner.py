@@ -3,7 +3,7 @@
     config = BenchConfig(gin_files=("gin/bench/mlp.gin",), load_config=..., workers=(1, 2))
     report = Benchmark(config, log=print).run()
 
-Each run is a real cluster of `disttrain-train` processes (disttrain.local), or
+Each run is a real cluster of `disttrain-train` processes (disttrain.edges.local), or
 of one of TF 2's strategies' peer programs (bench.tf2), on
 loopback or on emulated hosts with shaped links (bench.netem), stopped by the
 benchmark once every replica has run its warm-up and measured steps (see
@@ -31,14 +31,18 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import launch, local, metrics, placement, strategies, traffic, zoo_run
+from disttrain import launch, strategies
+from disttrain.base.cluster import CHIEF, PS, WORKER, Cluster
+from disttrain.base.config import TrainConfig
+from disttrain.base.errors import ConfigError
 from disttrain.bench import bound as bound_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
 from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, wait_until_quiet, watch
-from disttrain.cluster import CHIEF, PS, WORKER, Cluster
-from disttrain.config import TrainConfig
-from disttrain.errors import ConfigError
+from disttrain.edges import local, zoo_run
+from disttrain.graph import placement
+from disttrain.plan import traffic
+from disttrain.runtime import metrics
 
 v1 = tf.compat.v1
 

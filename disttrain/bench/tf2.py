@@ -12,7 +12,7 @@ them imports disttrain, which would switch the process to graph mode). This
 module, on the benchmark's side, turns the run's TrainConfig into the JSON
 spec they read (the model's sizes and model_zoo's variables, batch, optimizer,
 threads, log interval and the console format the benchmark parses back), and starts them as a cluster
-of processes with TF_CONFIG, as disttrain.local starts disttrain's. The peers
+of processes with TF_CONFIG, as disttrain.edges.local starts disttrain's. The peers
 implement model_zoo's MLP and CIFAR-10 CNN on synthetic input with Adam or
 SGD: another config is refused before anything starts.
 """
@@ -27,11 +27,13 @@ import sys
 
 import tensorflow as tf
 
-from disttrain import local, logs, metrics
+from disttrain.base import logs
+from disttrain.base.cluster import WORKER, Cluster
+from disttrain.base.config import TrainConfig
+from disttrain.base.errors import ConfigError
 from disttrain.bench.watch import Proc
-from disttrain.cluster import WORKER, Cluster
-from disttrain.config import TrainConfig
-from disttrain.errors import ConfigError
+from disttrain.edges import local
+from disttrain.runtime import metrics
 from model_zoo import inputs
 from model_zoo.cifar10 import Cifar10
 from model_zoo.mlp import MLP

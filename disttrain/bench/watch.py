@@ -18,8 +18,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from disttrain import local
 from disttrain.bench import measure as measure_lib
+from disttrain.edges import local
 
 MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
 _POLL_SECS = 0.05

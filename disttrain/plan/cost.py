@@ -45,8 +45,8 @@ import math
 from collections.abc import Callable, Sequence
 
 from disttrain import strategies
-from disttrain import traffic as traffic_lib
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
+from disttrain.plan import traffic as traffic_lib
 
 # The strategy kinds this model has terms for, named as the classes declare them (Strategy.kind).
 ASYNC_PS = strategies.AsyncParameterServer.kind

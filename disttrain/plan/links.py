@@ -26,7 +26,7 @@ import os
 import statistics
 from collections.abc import Sequence
 
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
 from disttrain.plan import cost, transports
 
 FORMAT, VERSION = "disttrain.plan.links", 1  # the module that reads it

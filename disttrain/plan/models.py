@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import placement, schedules, traffic
-from disttrain.cluster import PS, WORKER, Cluster
-from disttrain.config import TrainConfig
-from disttrain.plan import cost, transports
+from disttrain.base.cluster import PS, WORKER, Cluster
+from disttrain.base.config import TrainConfig
+from disttrain.graph import placement, schedules
+from disttrain.plan import cost, traffic, transports
 
 v1 = tf.compat.v1
 

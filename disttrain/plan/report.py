@@ -128,12 +128,9 @@ _COMPUTED = (
 
 def load_config(gin_files, bindings):
     """The zoo's config from gin, as `disttrain-plan` parses it (the edge's parser, imported only here)."""
-    import gin
+    from disttrain.edges import cli
 
-    from disttrain import cli
-
-    gin.clear_config()
-    return cli.train_config(list(gin_files), list(bindings))
+    return cli.fresh_train_config(gin_files, bindings)
 
 
 @functools.cache

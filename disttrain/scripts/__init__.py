@@ -2,6 +2,8 @@
 
 Each module defines its flags and a `run()` for its console script; the
 library below never reads flags.
+
+May import: base, graph, strategies, runtime, launch, api, model_zoo, edges, plan and bench.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from disttrain import logs
+from disttrain.base import logs
 
 
 def run(main: Callable[[list[str]], int | None]) -> None:

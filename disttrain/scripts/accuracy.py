@@ -28,8 +28,9 @@ import time
 
 from absl import flags
 
-from disttrain import cli, scripts
+from disttrain import scripts
 from disttrain.bench import accuracy
+from disttrain.edges import cli
 
 flags.DEFINE_list("tasks", ["digits"], f"Tasks, of {sorted(accuracy.TASKS)}.")
 flags.DEFINE_list(

@@ -16,9 +16,10 @@ import os
 import gin
 from absl import flags
 
-from disttrain import cli, scripts, strategies
+from disttrain import scripts, strategies
 from disttrain.bench import report as report_lib
 from disttrain.bench import runner
+from disttrain.edges import cli
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order (e.g. gin/bench/mlp.gin).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, applied to every run.")

@@ -15,8 +15,10 @@ import os
 
 from absl import flags
 
-from disttrain import cli, exporting, scripts
+from disttrain import scripts
+from disttrain.edges import cli
 from disttrain.launch import errors_to_exit
+from disttrain.runtime import exporting
 
 flags.DEFINE_multi_string("gin_file", [], "The training run's gin files (default: its operative config).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, e.g. 'mlp.num_classes=10'.")

@@ -13,7 +13,8 @@ they are sent, and there nobody else can reach them.
 
 from absl import flags
 
-from disttrain import cli, scripts
+from disttrain import scripts
+from disttrain.edges import cli
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order.")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings.")

@@ -31,10 +31,11 @@ import threading
 
 from absl import flags
 
-from disttrain import cli, scripts
-from disttrain import cluster as cluster_lib
+from disttrain import scripts
+from disttrain.base import cluster as cluster_lib
+from disttrain.base.errors import ConfigError
 from disttrain.bench import link_hosts, link_probe, netem
-from disttrain.errors import ConfigError
+from disttrain.edges import cli
 from disttrain.plan import links
 
 METHODS, HOSTS, EMULATED = "methods", "hosts", "emulated"

@@ -23,10 +23,11 @@ import os
 import gin
 from absl import flags
 
-from disttrain import cli, scripts, strategies
+from disttrain import scripts, strategies
+from disttrain.base.errors import ConfigError
 from disttrain.bench import report as bench_report
 from disttrain.bench import runner
-from disttrain.errors import ConfigError
+from disttrain.edges import cli
 from disttrain.plan import advice, cost, interval, links, measured, models, published, transports
 from disttrain.plan import report as plan_report
 

@@ -18,8 +18,9 @@ import os
 
 from absl import flags
 
-from disttrain import cli, scripts
+from disttrain import scripts
 from disttrain.bench import tables
+from disttrain.edges import cli
 
 flags.DEFINE_boolean("check", False, "Rewrite nothing: exit 1 if a block is stale or names an unknown table.")
 flags.DEFINE_string(

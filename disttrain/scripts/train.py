@@ -9,7 +9,8 @@
 
 from absl import flags, logging
 
-from disttrain import cli, scripts
+from disttrain import scripts
+from disttrain.edges import cli
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order (later ones override).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, e.g. 'TrainConfig.train_steps=100'.")

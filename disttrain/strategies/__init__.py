@@ -4,6 +4,8 @@
 `PsStrategy` is the base of those with variables on PS tasks. Every table of
 strategies elsewhere (the benchmark's, the planner's, gin's) is derived from
 `__all__` through `concrete()`: a new strategy is listed here and nowhere else.
+
+May import: base and graph.
 """
 
 from __future__ import annotations

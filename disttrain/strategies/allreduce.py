@@ -21,8 +21,8 @@ import itertools
 
 import tensorflow as tf
 
-from disttrain import preemption
-from disttrain.errors import ConfigError
+from disttrain.base import preemption
+from disttrain.base.errors import ConfigError
 from disttrain.strategies import autotune as tuning
 from disttrain.strategies import sparse, transfer
 from disttrain.strategies.base import Strategy
@@ -533,7 +533,7 @@ class _PreemptionVote(v1.train.SessionRunHook):
 
     A replica preempted between steps feeds 1 into its next step, whose
     all-reduce carries it to all: each then stops after that same step, the
-    chief checkpoints it (disttrain.recovery.PreemptionHook), and all exit
+    chief checkpoints it (disttrain.runtime.recovery.PreemptionHook), and all exit
     with the transient code, so a restart resumes from that very step.
     """
 

@@ -9,8 +9,8 @@ import time
 
 import tensorflow as tf
 
-from disttrain import preemption, servers, tf_internals
-from disttrain.deadlines import Deadlines
+from disttrain.base import preemption, tf_errors, tf_internals
+from disttrain.base.deadlines import Deadlines
 from disttrain.strategies import sparse, transfer, waves
 from disttrain.strategies.ps import PsStrategy
 
@@ -349,7 +349,7 @@ class _DrainHook(v1.train.SessionRunHook):
                 if self._chief or not lost_ps or preemption.requested():
                     log.warning("%d queued gradient(s) not applied: the transfer loop stopped", left)
                     return
-                first = servers.first_error_line([str(error.message)])
+                first = tf_errors.first_error_line([str(error.message)])
                 log.info(
                     f"{self._task}: a PS left while the last gradients were applied ({left} not "
                     f"applied: {first}); training is over: exiting"

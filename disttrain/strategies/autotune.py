@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")

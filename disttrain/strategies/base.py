@@ -26,11 +26,11 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import input_context, input_feeds, placement, run_steps, schedules
-from disttrain.clipping import Clip, clip_by_global_norm
-from disttrain.cluster import Cluster
-from disttrain.config import steps_count
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import Cluster
+from disttrain.base.config import steps_count
+from disttrain.base.errors import ConfigError
+from disttrain.graph import input_context, input_feeds, placement, run_steps, schedules
+from disttrain.graph.clipping import Clip, clip_by_global_norm
 from disttrain.strategies import sparse, transfer
 
 v1 = tf.compat.v1
@@ -342,7 +342,7 @@ class Strategy(abc.ABC):
     # op's input gradients are computed before any is used).
     gate_gradients = v1.train.Optimizer.GATE_OP
     # Where this strategy has the aggregate gradient in one place, for clip_where='aggregate'
-    # (None: it never aggregates; see disttrain.clipping). Subclasses that set it clip there
+    # (None: it never aggregates; see disttrain.graph.clipping). Subclasses that set it clip there
     # with `clip_aggregate`.
     aggregate_clipped_at: str | None = None
     _aggregate_clip: float | None = None
@@ -650,11 +650,11 @@ class Strategy(abc.ABC):
         pushing early gradients still overlaps the rest of backprop), and the
         variables, hence the checkpoints, never hold a diverged value.
         `clip`: clip the gradient by its global norm, this replica's (after
-        its towers are averaged) or the aggregate's (`disttrain.clipping`).
+        its towers are averaged) or the aggregate's (`disttrain.graph.clipping`).
         A loss function that takes one argument gets the `InputContext` of
         the tower it builds (its replica and tower, `batch_size`, `shard()`,
         `get_next()`). NumPy arrays its datasets are built from are fed when
-        the input starts (`disttrain.input_feeds`), not written into the graph.
+        the input starts (`disttrain.graph.input_feeds`), not written into the graph.
         `accumulate_steps` k: each update is the mean gradient of k
         micro-batches per tower, built one after the other (`_build_towers`);
         the state updates are the first micro-batch's. `steps_per_run` s: the
@@ -865,7 +865,7 @@ class Strategy(abc.ABC):
     # ---- what the loop needs ----------------------------------------
 
     def input_context(self) -> input_context.InputContext:
-        """What the input pipeline of the tower being built feeds (see `disttrain.input_context`)."""
+        """What the input pipeline of the tower being built feeds (see `disttrain.graph.input_context`)."""
         local = self.cluster.is_local
         return input_context.InputContext(
             replica_index=0 if local else max(self.cluster.replica_index, 0),

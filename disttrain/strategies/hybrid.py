@@ -32,7 +32,7 @@ import copy
 
 import tensorflow as tf
 
-from disttrain import placement
+from disttrain.graph import placement
 from disttrain.strategies import allreduce, waves
 from disttrain.strategies.allreduce import SyncAllReduce
 from disttrain.strategies.sync_ps import SyncParameterServer

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
+from disttrain.graph import placement
 from disttrain.strategies import waves
 from disttrain.strategies.base import Strategy
 

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable
 
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain.base import tf_internals
 
 
 def is_sparse(grad) -> bool:

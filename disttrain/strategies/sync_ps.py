@@ -35,9 +35,9 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from disttrain import preemption, servers, tf_internals
-from disttrain.deadlines import Deadlines
-from disttrain.errors import ConfigError
+from disttrain.base import preemption, tf_errors, tf_internals
+from disttrain.base.deadlines import Deadlines
+from disttrain.base.errors import ConfigError
 from disttrain.strategies import sparse, transfer
 from disttrain.strategies.ps import PsStrategy
 
@@ -279,7 +279,7 @@ class SyncParameterServer(PsStrategy):
 
 def _what_failed(error: Exception) -> str:
     """TF's own status line of `error` and the op it failed at: its first line is only TF's framing."""
-    line = servers.first_error_line([str(error)]) or str(error).splitlines()[0]
+    line = tf_errors.first_error_line([str(error)]) or str(error).splitlines()[0]
     op = getattr(error, "op", None)
     return f"{line} (at {op.name})" if op is not None else line
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import placement
+from disttrain.graph import placement
 from disttrain.strategies.base import Strategy
 
 v1 = tf.compat.v1

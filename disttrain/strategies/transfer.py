@@ -27,8 +27,9 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from disttrain import placement, tf_internals
-from disttrain.errors import ConfigError
+from disttrain.base import tf_internals
+from disttrain.base.errors import ConfigError
+from disttrain.graph import placement
 from disttrain.strategies import sparse
 
 DTYPES = {None: None, "float32": None, "float16": tf.float16, "bfloat16": tf.bfloat16}

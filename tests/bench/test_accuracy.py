@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import schedules
 from disttrain.bench import accuracy
+from disttrain.graph import schedules
 from tests import REPO, extended_beyond
 
 ACCURACY = os.path.join(REPO, "bin", "accuracy.py")

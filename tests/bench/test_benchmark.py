@@ -13,8 +13,8 @@ import time
 import gin
 import pytest
 
-from disttrain import configurables
 from disttrain.bench import netem, runner
+from disttrain.edges import configurables
 from tests import REPO
 
 BENCHMARK = os.path.join(REPO, "bin", "benchmark.py")

@@ -1,11 +1,11 @@
-"""The physical bound and the bytes per link under it (disttrain.traffic), on cases worked out by hand."""
+"""The physical bound and the bytes per link under it (disttrain.plan.traffic), on cases by hand."""
 
 import math
 
 import pytest
 
-from disttrain import traffic as tr
 from disttrain.bench import bound as b
+from disttrain.plan import traffic as tr
 
 MB = 1e6
 
@@ -237,7 +237,7 @@ def test_16_bit_transfer_halves_dense_bytes_and_row_values_but_not_indices():
 
 
 def test_transfer_itemsize_of_a_built_strategy():
-    from disttrain.cluster import Cluster
+    from disttrain.base.cluster import Cluster
     from disttrain.strategies import AsyncParameterServer, SyncAllReduce, SyncParameterServer
 
     cluster = Cluster.from_hosts("worker", 0, ["p:1"], ["w0:1", "w1:1"])
@@ -254,8 +254,8 @@ def test_the_bound_of_each_disttrain_system_counts_its_own_transfer_dtype(system
     # TF's default and the peers send float32 whatever disttrain's settings say.
     import gin
 
-    from disttrain import cli
     from disttrain.bench import runner
+    from disttrain.edges import cli
 
     def load_config(bindings):
         gin.clear_config()

@@ -11,10 +11,12 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import configurables, placement, traffic, zoo_run
+from disttrain.base.cluster import PS, WORKER, Cluster
+from disttrain.base.config import TrainConfig
 from disttrain.bench import runner
-from disttrain.cluster import PS, WORKER, Cluster
-from disttrain.config import TrainConfig
+from disttrain.edges import configurables, zoo_run
+from disttrain.graph import placement
+from disttrain.plan import traffic
 from disttrain.strategies import TFDefault
 from tests import REPO
 

@@ -5,12 +5,12 @@ import logging
 
 import pytest
 
-from disttrain import logs
+from disttrain.base import logs
 from disttrain.bench.measure import Sample, measure, parse_line
 
 
 def console(message: str, level: int = logging.INFO) -> str:
-    """`message` as a task's console shows it (disttrain.logs' format)."""
+    """`message` as a task's console shows it (disttrain.base.logs' format)."""
     record = logging.LogRecord("disttrain", level, __file__, 1, message, None, None)
     return logging.Formatter(logs.FORMAT, logs.DATE_FORMAT).format(record)
 
@@ -39,7 +39,7 @@ def test_parse_worker_and_chief_lines():
 
 
 def test_throughput_line_round_trips_through_its_one_definition():
-    from disttrain import metrics
+    from disttrain.runtime import metrics
 
     line = metrics.THROUGHPUT_LINE.format(task="/job:chief/task:0", step=7, loss=1.5, local=33.25)
     line += metrics.CLUSTER_SUFFIX.format(cluster=99.5, gsps=3.0)

@@ -3,10 +3,10 @@
 import pytest
 import tensorflow as tf
 
+from disttrain.base.config import TrainConfig
+from disttrain.base.errors import ConfigError
 from disttrain.bench import report
-from disttrain.config import TrainConfig
-from disttrain.errors import ConfigError
-from disttrain.traffic import Table, model_bytes
+from disttrain.plan.traffic import Table, model_bytes
 from model_zoo import inputs
 from model_zoo.base import Model
 from model_zoo.mlp import MLP
@@ -95,8 +95,9 @@ def test_the_bound_counts_the_bytes_each_system_sends():
     """A 16-bit ring's bound and expected bytes count half of D; TF 2's MWMS beside it sends float32."""
     import gin
 
-    from disttrain import cli, traffic
     from disttrain.bench import runner
+    from disttrain.edges import cli
+    from disttrain.plan import traffic
 
     def load(bindings):
         gin.clear_config()

@@ -15,8 +15,8 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import configurables
 from disttrain.bench import runner, tf2
+from disttrain.edges import configurables
 from model_zoo import cifar10, layers
 from tests import REPO, extended_beyond
 from tests.bench.test_benchmark import TINY, _explain, benchmark

@@ -9,8 +9,8 @@ import re
 import pytest
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.cluster import Cluster
+from disttrain.base.cluster import Cluster
+from disttrain.graph import placement
 from disttrain.strategies import TFDefault
 
 v1 = tf.compat.v1

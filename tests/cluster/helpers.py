@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from disttrain.local import LocalCluster
+from disttrain.edges.local import LocalCluster
 from tests import REPO
 
 TINY = "gin/testing/tiny.gin"

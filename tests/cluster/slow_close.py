@@ -5,7 +5,7 @@ The gated replica's first `open_batches` batches are prefetched at once, so it
 trains at full speed; the prefetching thread then waits at the gate. Closing
 a session destroys the iterator, which joins that thread: the replica's close
 lasts until `gate_file` exists, as the incident's did while tf.data's
-autotuning thread slept (see disttrain.trainer.without_autotune_thread).
+autotuning thread slept (see disttrain.runtime.trainer.without_autotune_thread).
 
 The other replicas take their first batch only once the gated replica has
 made its own (`<gate_file>.started`): on a loaded machine the chief could

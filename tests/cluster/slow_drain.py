@@ -19,7 +19,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain.base import tf_internals
 from disttrain.strategies import AsyncParameterServer
 
 

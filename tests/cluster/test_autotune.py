@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from disttrain.local import free_port, task_env
+from disttrain.edges.local import free_port, task_env
 from tests.cluster.test_own_model import logs, run_all
 
 pytestmark = pytest.mark.cluster

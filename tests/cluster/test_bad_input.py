@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from disttrain.errors import EXIT_CONFIG, EXIT_TRANSIENT
-from disttrain.local import free_port
+from disttrain.base.errors import EXIT_CONFIG, EXIT_TRANSIENT
+from disttrain.edges.local import free_port
 from tests.cluster.helpers import TINY, train_py
 
 pytestmark = pytest.mark.cluster

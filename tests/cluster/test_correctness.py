@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.local import free_port
+from disttrain.edges.local import free_port
 from tests import extended_beyond
 from tests.cluster.test_own_model import logs, run_all, start, start_all
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain.edges.local import free_port, task_env
 from disttrain.launch import read_results
-from disttrain.local import free_port, task_env
 from model_zoo.dlrm import DLRM
 from tests.cluster.helpers import TINY, run_timed, train_py, variables
 

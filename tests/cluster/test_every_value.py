@@ -22,8 +22,8 @@ import sys
 import pytest
 import tensorflow as tf
 
+from disttrain.edges.local import free_port, task_env
 from disttrain.launch import read_results
-from disttrain.local import free_port, task_env
 from tests import extended_beyond
 from tests.cluster.test_own_model import logs, run_all
 

@@ -25,8 +25,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import variable_pb2
 
-from disttrain import exporting
-from disttrain.local import free_port
+from disttrain.edges.local import free_port
+from disttrain.runtime import exporting
 from model_zoo.dlrm import DLRM
 from tests import REPO
 from tests.cluster.helpers import TINY, describe_failure, run_timed

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import logs
+from disttrain.base import logs
+from disttrain.base.errors import EXIT_CONFIG, EXIT_DIVERGED
 from disttrain.bench.measure import parse_line
-from disttrain.errors import EXIT_CONFIG, EXIT_DIVERGED
+from disttrain.edges.local import LocalCluster, free_port
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster, free_port
-from disttrain.metrics import throughput_drop
+from disttrain.runtime.metrics import throughput_drop
 from tests import REPO
 from tests.cluster.helpers import TINY, TRAIN_PY, describe_failure, scalars, train_py, wait_for_line
 

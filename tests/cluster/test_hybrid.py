@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.errors import EXIT_CONFIG
-from disttrain.local import free_port
+from disttrain.base.errors import EXIT_CONFIG
+from disttrain.edges.local import free_port
 from tests.cluster.test_correctness import SYNC_ATOL, SYNC_RTOL
 from tests.cluster.test_own_model import logs, run_all, start, start_all
 

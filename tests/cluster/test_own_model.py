@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import quiet
-from disttrain.local import free_port, task_env
+from disttrain.base import quiet
+from disttrain.edges.local import free_port, task_env
 from tests import REPO
 from tests.cluster.helpers import moved_weights, saved_steps, wait_for_line
 

@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
-from disttrain.errors import EXIT_TRANSIENT
+from disttrain.base.errors import EXIT_TRANSIENT
+from disttrain.edges.local import LocalCluster
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster
 from tests.cluster.helpers import TINY, describe_failure, wait_for_line
 from tests.cluster.test_faults import checkpoint_steps, logged_steps
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.errors import EXIT_DIVERGED, EXIT_TRANSIENT
+from disttrain.base.errors import EXIT_DIVERGED, EXIT_TRANSIENT
+from disttrain.edges.local import LocalCluster, task_process_options
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster, task_process_options
 from tests import REPO
 from tests.cluster.helpers import TINY, describe_failure, wait_for_line
 from tests.cluster.test_every_value import start_cluster

@@ -1,6 +1,6 @@
 """A local cluster leaves no TensorFlow start-up line on the console or in any task log, on any CPU.
 
-Checked by keywords, not by disttrain.quiet's own list, so a line TensorFlow
+Checked by keywords, not by disttrain.base.quiet's own list, so a line TensorFlow
 rewords shows up here. README's main command is checked for them as a user
 runs it (tests/cluster/test_launch_local.py). With TF_CPP_MIN_LOG_LEVEL=0
 TensorFlow writes its gRPC server start line (and cpu_feature_guard's) on

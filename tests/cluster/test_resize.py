@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.local import free_port, task_env
+from disttrain.edges.local import free_port, task_env
 from model_zoo.dlrm import DLRM
 from tests.cluster.helpers import TINY, describe_failure, run_timed, train_py, variables
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from disttrain.local import LocalCluster
+from disttrain.edges.local import LocalCluster
 from tests.cluster.helpers import TINY, describe_failure, wait_for_line
 
 pytestmark = pytest.mark.cluster

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from disttrain.errors import EXIT_STALLED
+from disttrain.base.errors import EXIT_STALLED
 from tests import extended_beyond
 from tests.cluster.test_own_model import cluster_of, logs, run_all, start, start_all
 

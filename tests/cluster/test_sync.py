@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disttrain.edges.local import LocalCluster
+from disttrain.edges.private_network import PrivateNetwork
 from disttrain.launch import read_results
-from disttrain.local import LocalCluster
-from disttrain.private_network import PrivateNetwork
 from model_zoo.mlp import MLP
 from tests.cluster.helpers import TINY, describe_failure, run_timed, train_py, variables
 

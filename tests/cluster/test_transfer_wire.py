@@ -25,9 +25,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.cluster import Cluster
-from disttrain.local import free_port, task_env
+from disttrain.base.cluster import Cluster
+from disttrain.edges.local import free_port, task_env
+from disttrain.graph import placement
 from disttrain.strategies import AsyncParameterServer, SyncParameterServer
 from tests.unit.test_transfer_bytes import loss_fn
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from disttrain.errors import EXIT_TRANSIENT
-from disttrain.local import LocalCluster
+from disttrain.base.errors import EXIT_TRANSIENT
+from disttrain.edges.local import LocalCluster
 from tests.cluster.helpers import TINY, describe_failure, wait_for_line
 
 pytestmark = [pytest.mark.cluster, pytest.mark.fault]

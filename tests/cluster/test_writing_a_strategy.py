@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from disttrain.local import free_port, task_env
+from disttrain.edges.local import free_port, task_env
 from tests import REPO
 
 PAGE = os.path.join(REPO, "docs", "writing-a-strategy.md")

@@ -18,8 +18,8 @@ import sys
 import gin
 import pytest
 
-from disttrain import cli
 from disttrain.bench import netem, runner
+from disttrain.edges import cli
 from disttrain.plan import measured, models
 from tests import REPO
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import model_zoo
-from disttrain import placement
+from disttrain.graph import placement
 
 tf.compat.v1.disable_eager_execution()
 v1 = tf.compat.v1

@@ -7,9 +7,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.training import training_util
 
-from disttrain import AsyncParameterServer, Cluster, tf_internals, trainer
-from disttrain.errors import ConfigError
-from disttrain.local import free_port
+from disttrain import AsyncParameterServer, Cluster
+from disttrain.base import tf_internals
+from disttrain.base.errors import ConfigError
+from disttrain.edges.local import free_port
+from disttrain.runtime import trainer
 
 v1 = tf.compat.v1
 

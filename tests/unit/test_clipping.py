@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from disttrain import AsyncParameterServer, Cluster, RunSettings
-from disttrain.clipping import Clip, clip_by_global_norm
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
+from disttrain.graph.clipping import Clip, clip_by_global_norm
 from tests.unit.test_optimizer_contract import CLIP, LR, MODES, STEPS, loss_fn, one_process_clipped
 
 v1 = tf.compat.v1

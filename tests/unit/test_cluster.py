@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from disttrain.cluster import Cluster, resolve
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import Cluster, resolve
+from disttrain.base.errors import ConfigError
 
 SPEC = {"chief": ["c:2220"], "worker": ["w0:2222", "w1:2222"], "ps": ["p0:2222", "p1:2222"]}
 

@@ -1,4 +1,4 @@
-"""Every deadline comes from `disttrain.deadlines.Deadlines`, with the values the runtime had before it.
+"""Every deadline comes from `disttrain.base.deadlines.Deadlines`, with the values the runtime had before it.
 
 Each deadline is checked against the expression the runtime computed it
 with before there was one place for them (trainer, launch, servers), for the
@@ -15,15 +15,15 @@ import re
 
 import pytest
 
-from disttrain.config import RunSettings, TrainConfig
-from disttrain.deadlines import Deadlines
-from disttrain.errors import ConfigError
+from disttrain.base.config import RunSettings, TrainConfig
+from disttrain.base.deadlines import Deadlines
+from disttrain.base.errors import ConfigError
 from tests import REPO
 
 PACKAGE = os.path.join(REPO, "disttrain")
 # The settings' own module and the deadlines' may read the setting; the analysis tools pass it on to
 # the runs they start (a TF 2 peer's spec, a run's settings).
-MAY_READ = {"disttrain/config.py", "disttrain/deadlines.py"}
+MAY_READ = {"disttrain/base/config.py", "disttrain/base/deadlines.py"}
 ANALYSIS = "disttrain/bench/"
 
 
@@ -146,20 +146,20 @@ def test_no_module_but_deadlines_and_config_reads_peer_wait_secs():
             key = isinstance(node, ast.Constant) and node.value == "peer_wait_secs"
             if attribute or key:
                 reads.append(f"{path}:{node.lineno}")
-    assert not reads, f"read peer_wait_secs through disttrain.deadlines.Deadlines instead: {reads}"
+    assert not reads, f"read peer_wait_secs through disttrain.base.deadlines.Deadlines instead: {reads}"
 
 
 def test_no_module_passes_a_literal_timeout():
     """A number written as a call's timeout (RunOptions' timeout_in_ms, a session's grace) is a deadline."""
     literal = []
     for path, tree in modules().items():
-        if path == "disttrain/deadlines.py" or path.startswith(ANALYSIS):
+        if path == "disttrain/base/deadlines.py" or path.startswith(ANALYSIS):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.keyword) and node.arg in ("timeout_in_ms", "stop_grace_period_secs"):
                 if isinstance(node.value, ast.Constant):
                     literal.append(f"{path}:{node.value.lineno}")
-    assert not literal, f"name these in disttrain/deadlines.py: {literal}"
+    assert not literal, f"name these in disttrain/base/deadlines.py: {literal}"
 
 
 def test_docs_design_lists_every_deadline():

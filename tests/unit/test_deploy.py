@@ -22,9 +22,9 @@ import re
 import pytest
 import yaml
 
-from disttrain import errors
-from disttrain.cluster import Cluster, resolve
-from disttrain.errors import ConfigError
+from disttrain.base import errors
+from disttrain.base.cluster import Cluster, resolve
+from disttrain.base.errors import ConfigError
 from tests import REPO
 
 DATA = os.path.join(REPO, "tests", "unit", "data")

@@ -8,8 +8,8 @@ import time
 import gin
 import tensorflow as tf
 
-from disttrain import cli, zoo_run
-from disttrain.cluster import EVALUATOR, Cluster
+from disttrain.base.cluster import EVALUATOR, Cluster
+from disttrain.edges import cli, zoo_run
 from tests import REPO
 from tests.cluster.helpers import scalars
 

@@ -1,6 +1,6 @@
 """Every documented value of every setting, run by `disttrain.fit` in one process.
 
-Each RunSettings field (disttrain/config.py) at each value its docstring
+Each RunSettings field (disttrain/base/config.py) at each value its docstring
 names, and each strategy knob of docs/strategies.md at its documented values
 (defaults once: every other run has them): the run trains to its last step, or it is refused at once with one
 `disttrain: error:` line naming the setting and exit code 2. Never a
@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import disttrain
-from disttrain.cluster import Cluster
+from disttrain.base.cluster import Cluster
 from tests import REPO, reading_model
 
 STEPS = 6

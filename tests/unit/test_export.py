@@ -29,9 +29,10 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import disttrain
-from disttrain import cli, exporting, zoo_run
-from disttrain.cluster import EVALUATOR, Cluster
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import EVALUATOR, Cluster
+from disttrain.base.errors import ConfigError
+from disttrain.edges import cli, zoo_run
+from disttrain.runtime import exporting
 from model_zoo.cifar10 import Cifar10
 from model_zoo.mlp import MLP
 from tests import REPO
@@ -616,7 +617,7 @@ FULL_DISK = """
 import sys
 import tensorflow as tf
 import disttrain
-from disttrain.errors import DisttrainError
+from disttrain.base.errors import DisttrainError
 from model_zoo.mlp import MLP
 
 model = MLP(32, (512, 512), 10)

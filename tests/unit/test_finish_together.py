@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from disttrain import trainer
+from disttrain.runtime import trainer
 
 v1 = tf.compat.v1
 

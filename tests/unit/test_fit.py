@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import disttrain
-from disttrain.cluster import EVALUATOR, Cluster
-from disttrain.config import RunSettings
-from disttrain.errors import ConfigError, NoFilesError
+from disttrain.base.cluster import EVALUATOR, Cluster
+from disttrain.base.config import RunSettings
+from disttrain.base.errors import ConfigError, NoFilesError
 from disttrain.launch import errors_to_exit, make_strategy, refuse_what_replicas_refuse
 
 v1 = tf.compat.v1

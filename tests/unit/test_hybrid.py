@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 import disttrain  # noqa: F401  (graph mode)
-from disttrain import trainer
-from disttrain.cluster import Cluster
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import Cluster
+from disttrain.base.errors import ConfigError
+from disttrain.runtime import trainer
 from disttrain.strategies import SyncAllReduce, SyncHybrid
 from model_zoo import inputs
 from model_zoo.dlrm import DLRM

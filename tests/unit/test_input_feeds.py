@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import disttrain
-from disttrain import zoo_run
-from disttrain.cluster import EVALUATOR, Cluster
+from disttrain.base.cluster import EVALUATOR, Cluster
+from disttrain.edges import zoo_run
 from disttrain.strategies import TFDefault
 from tests.unit.test_evaluator import tiny_config
 

@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 import disttrain  # noqa: F401  (quiet TensorFlow first)
-from disttrain.input_context import InputContext, InputPositionHook
+from disttrain.graph.input_context import InputContext, InputPositionHook
 
 v1 = tf.compat.v1
 

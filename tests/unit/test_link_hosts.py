@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from disttrain.base.errors import TransientError
 from disttrain.bench import link_hosts
-from disttrain.errors import TransientError
 
 
 def _listener():

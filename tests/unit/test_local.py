@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from disttrain import cli, local
+from disttrain.edges import cli, local
 
 
 def test_each_worker_gets_its_own_gpu_and_ps_none():

@@ -1,7 +1,7 @@
 """Naming lost peers from TF's real error texts and a probe of the peers.
 
 Every text below is real TensorFlow 2.21 output (tensorflow-cpu, gRPC), captured
-on surviving tasks of local clusters started with disttrain.local.LocalCluster
+on surviving tasks of local clusters started with disttrain.edges.local.LocalCluster
 (the fault tests' setup: gin/mlp_async.gin, mlp_allreduce.gin, mlp_sync.gin
 with gin/testing/tiny.gin) after SIGKILL of one or two tasks mid-training,
 recorded by a wrapper around bin/train.py: the messages of the
@@ -22,10 +22,11 @@ import socket
 import pytest
 import tensorflow as tf
 
-from disttrain import cli, servers, trainer
-from disttrain.cluster import Cluster
-from disttrain.errors import EXIT_TRANSIENT
-from disttrain.servers import LostPeers, failed_in_tf_text, first_error_line, lost_peers
+from disttrain.base.cluster import Cluster
+from disttrain.base.errors import EXIT_TRANSIENT, TransientError
+from disttrain.base.tf_errors import LostPeers, failed_in_tf_text, first_error_line, lost_peers
+from disttrain.edges import cli
+from disttrain.runtime import peers, trainer
 
 PS0, PS1 = "/job:ps/task:0", "/job:ps/task:1"
 W0, W1, W2 = "/job:worker/task:0", "/job:worker/task:1", "/job:worker/task:2"
@@ -279,8 +280,8 @@ def closed_port():
 
 def test_probe(listening_port):
     up, down = f"127.0.0.1:{listening_port}", f"127.0.0.1:{closed_port()}"
-    assert servers.probe([(PS0, up), (PS1, down)]) == {PS0: True, PS1: False}
-    assert servers.probe([]) == {}
+    assert peers.probe([(PS0, up), (PS1, down)]) == {PS0: True, PS1: False}
+    assert peers.probe([]) == {}
 
 
 def test_lost_peer_log_keeps_tf_records_for_the_next_reconnection():
@@ -336,8 +337,8 @@ def test_waiting_for_a_peer_says_whom_since_when_and_until_when(caplog):
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     caplog.set_level(logging.INFO, logger="disttrain")
-    with pytest.raises(servers.TransientError, match=r"/job:ps/task:1 at .* is unreachable after 3 s"):
-        servers.wait_for_peers([(PS1, address)], timeout_secs=2.6, poll_secs=0.1, say_every_secs=1.0)
+    with pytest.raises(TransientError, match=r"/job:ps/task:1 at .* is unreachable after 3 s"):
+        peers.wait_for_peers([(PS1, address)], timeout_secs=2.6, poll_secs=0.1, say_every_secs=1.0)
     said = [r.getMessage() for r in caplog.records if "waiting for /job:ps/task:1" in r.getMessage()]
     assert len(said) >= 3, said  # at 0, 1 and 2 s: never silent for longer than say_every_secs
     assert all(re.search(r"waiting since \d\d:\d\d:\d\d \(\d+ s\), giving up in \d+ s", m) for m in said), (

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from disttrain import metrics
+from disttrain.runtime import metrics
 
 
 def test_rates():

@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 import model_zoo
-from disttrain import input_context, placement
+from disttrain.graph import input_context, placement
 from model_zoo import inputs, layers
 from model_zoo.registry import register
 

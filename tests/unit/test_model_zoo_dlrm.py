@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import model_zoo
-from disttrain import placement
+from disttrain.graph import placement
 from model_zoo import inputs, layers
 
 v1 = tf.compat.v1

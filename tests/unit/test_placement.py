@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.cluster import Cluster
+from disttrain.base.cluster import Cluster
+from disttrain.graph import placement
 from disttrain.strategies import AsyncParameterServer, base
 
 v1 = tf.compat.v1

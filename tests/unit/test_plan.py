@@ -15,8 +15,10 @@ import gin
 import pytest
 import tensorflow as tf
 
-from disttrain import SyncAllReduce, SyncHybrid, cli, placement, traffic
-from disttrain.plan import advice, calibrate, cost, interval, measured, models, published, transports
+from disttrain import SyncAllReduce, SyncHybrid
+from disttrain.edges import cli
+from disttrain.graph import placement
+from disttrain.plan import advice, calibrate, cost, interval, measured, models, published, traffic, transports
 from disttrain.plan import report as plan_report
 from tests import REPO
 

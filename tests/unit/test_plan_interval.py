@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
 from disttrain.plan import advice, cloud_tcp, cost, interval, links, published, ring_runs, transports
 from tests import REPO
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from disttrain.config import RunSettings
-from disttrain.errors import EXIT_TRANSIENT, ConfigError
-from disttrain.recovery import checkpoint_step
+from disttrain.base.config import RunSettings
+from disttrain.base.errors import EXIT_TRANSIENT, ConfigError
+from disttrain.runtime.recovery import checkpoint_step
 from tests import REPO
 
 # A task that never reaches a step boundary: only the bound can end it.

@@ -21,9 +21,9 @@ import pytest
 import tensorflow as tf
 
 import disttrain
-from disttrain import metrics, trainer
-from disttrain.cluster import EVALUATOR, Cluster
-from disttrain.local import LocalCluster, task_process_options
+from disttrain.base.cluster import EVALUATOR, Cluster
+from disttrain.edges.local import LocalCluster, task_process_options
+from disttrain.runtime import metrics, trainer
 from tests import reading_model
 from tests.cluster.helpers import scalars
 

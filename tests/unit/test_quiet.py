@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 
-from disttrain import quiet
+from disttrain.base import quiet
 from tests import REPO
 
 # Written by TensorFlow 2.21 on an AMD EPYC with AVX512_VNNI/AVX512_BF16 (import, then server start).

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import cli, schedules
+from disttrain.edges import cli
+from disttrain.graph import schedules
 from model_zoo import layers
 from model_zoo.base import Regularization
 

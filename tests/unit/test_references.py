@@ -198,14 +198,14 @@ def test_no_file_refers_to_a_file_the_repository_lacks():
 def test_the_check_finds_what_it_should_and_nothing_else():
     """Written paths and links as the check reads them, on made-up text."""
     text = (
-        "see `disttrain/trainer.py`, bin/train.py and tests/unit/test_docs.py::test_x;\n"
+        "see `disttrain/runtime/trainer.py`, bin/train.py and tests/unit/test_docs.py::test_x;\n"
         "not /tmp/disttrain/run, gin/strategies/<kind>.gin, docs/images/*.png, disttrain/strategies/...,\n"
         "docs/decisions/NNNN-title.md, https://github.com/o/r/blob/main/tests/x.py, {logdir}/tasks\n"
         "`tests/unit/test_a.py::test_b[gin/mlp_async.gin-2]`,\n"
         "the top files README.md and setup.py, ./bin/plan.py, and docs/faults.md.\n"
     )
     assert [p for _, p in written_paths(text)] == [
-        "disttrain/trainer.py",
+        "disttrain/runtime/trainer.py",
         "bin/train.py",
         "tests/unit/test_docs.py",
         "tests/unit/test_a.py",

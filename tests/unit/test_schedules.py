@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParameterServer, configurables
-from disttrain import schedules as s
-from disttrain.errors import ConfigError
+from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParameterServer
+from disttrain.base.errors import ConfigError
+from disttrain.edges import configurables
+from disttrain.graph import schedules as s
 from tests.unit.test_optimizer_contract import MODES, loss_fn
 
 v1 = tf.compat.v1

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParameterServer, placement
-from disttrain.errors import ConfigError
-from disttrain.local import free_port
-from disttrain.optimizers import LazyAdamOptimizer
+from disttrain import AsyncParameterServer, Cluster, SyncAllReduce, SyncParameterServer
+from disttrain.base.errors import ConfigError
+from disttrain.edges.local import free_port
+from disttrain.graph import placement
+from disttrain.graph.optimizers import LazyAdamOptimizer
 from disttrain.strategies import allreduce, sparse, sync_ps, transfer
 
 v1 = tf.compat.v1

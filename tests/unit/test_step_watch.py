@@ -12,7 +12,7 @@ import time
 import tensorflow as tf
 
 import disttrain  # noqa: F401  (graph mode)
-from disttrain import trainer, watchdog
+from disttrain.runtime import trainer, watchdog
 
 v1 = tf.compat.v1
 

@@ -25,9 +25,9 @@ from disttrain import (
     SyncAllReduce,
     SyncHybrid,
     SyncParameterServer,
-    input_feeds,
 )
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
+from disttrain.graph import input_feeds
 from disttrain.strategies import TFDefault, transfer
 
 v1 = tf.compat.v1
@@ -307,7 +307,7 @@ def test_a_loss_function_that_reads_another_dataset_the_second_time_is_refused()
 def test_gin_sets_both_for_a_zoo_run(capsys):
     import gin
 
-    from disttrain import cli, zoo_run
+    from disttrain.edges import cli, zoo_run
 
     files = ["gin/mlp_sync.gin", "gin/testing/tiny.gin"]
     gin.clear_config()  # cli.train_config locks the config it parsed; clearing unlocks it

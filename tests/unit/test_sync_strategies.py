@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain.cluster import Cluster
-from disttrain.errors import ConfigError
-from disttrain.local import free_port
+from disttrain.base.cluster import Cluster
+from disttrain.base.errors import ConfigError
+from disttrain.edges.local import free_port
 from disttrain.strategies import SyncAllReduce, SyncParameterServer, allreduce, autotune
 from model_zoo.mlp import MLP
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
 import disttrain  # noqa: F401  (graph mode)
-from disttrain import metrics
+from disttrain.runtime import metrics
 
 v1 = tf.compat.v1
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.cluster import Cluster
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import Cluster
+from disttrain.base.errors import ConfigError
+from disttrain.graph import placement
 from disttrain.strategies import (
     AsyncParameterServer,
     SyncAllReduce,

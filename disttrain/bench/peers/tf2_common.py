@@ -318,8 +318,8 @@ class Optimizer:
         if self.name not in self.SLOTS:
             raise ValueError(f"optimizer {self.name!r}: expected one of {sorted(self.SLOTS)}")
         self.lr = o["learning_rate"]
-        # Linear warmup from 0 to lr over these steps, as disttrain.schedules.Constant(warmup=...);
-        # with decay_steps, then a cosine from lr to 0 at that step, as disttrain.schedules.Cosine.
+        # Linear warmup from 0 to lr over these steps, as disttrain.graph.schedules.Constant(warmup=...);
+        # with decay_steps, then a cosine from lr to 0 at that step, as disttrain.graph.schedules.Cosine.
         self.warmup_steps = o.get("warmup_steps", 0)
         self.decay_steps = o.get("decay_steps", 0)
         self.beta1, self.beta2, self.epsilon = o.get("beta1"), o.get("beta2"), o.get("epsilon")

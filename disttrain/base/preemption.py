@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from disttrain.errors import EXIT_TRANSIENT
+from disttrain.base.errors import EXIT_TRANSIENT
 
 log = logging.getLogger("disttrain")
 

@@ -1,6 +1,6 @@
 """How a run goes: `RunSettings` for any model, `TrainConfig` for a model_zoo run from gin.
 
-Plain Python: gin binds TrainConfig at the edge (`disttrain.configurables`);
+Plain Python: gin binds TrainConfig at the edge (`disttrain.edges.configurables`);
 `disttrain.fit` takes RunSettings' fields as keyword arguments.
 """
 
@@ -12,8 +12,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disttrain.clipping import WHERE
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
+
+# Where a gradient is clipped by its global norm (`disttrain.graph.clipping` builds it).
+CLIP_WHERE = ("replica", "aggregate")
 
 
 class _Accepts(NamedTuple):
@@ -127,7 +129,7 @@ class RunSettings:
     clip_norm: clip the gradient by its global norm to this (> 0; None: no
       clipping); clip_where: 'replica' (this replica's gradient, before
       aggregation: every strategy) or 'aggregate' (the averaged gradient the
-      update applies: SyncAllReduce, SyncParameterServer). See disttrain.clipping.
+      update applies: SyncAllReduce, SyncParameterServer). See disttrain.graph.clipping.
     preempt_secs: on SIGTERM (a preemption), a task ends within this many
       seconds (> 0): replicas stop at a step boundary, the chief checkpoints
       that step first; keep it below the orchestrator's grace period
@@ -188,7 +190,7 @@ class RunSettings:
             problem = accepts.problem(getattr(self, name))
             if problem:
                 raise ConfigError(f"{where}.{name} {problem}, got {getattr(self, name)!r}")
-        if self.clip_where not in WHERE:
+        if self.clip_where not in CLIP_WHERE:
             raise ConfigError(f"{where}.clip_where must be 'replica' or 'aggregate', got {self.clip_where!r}")
         return self
 

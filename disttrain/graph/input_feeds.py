@@ -39,7 +39,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from disttrain import tf_internals
+from disttrain.base import tf_internals
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")

@@ -3,14 +3,14 @@
 Only entry points (bin/, tests of gin files) import this module; the library
 itself never reads gin. Names in .gin files:
 
-- `TrainConfig.*`: the run (disttrain.config.TrainConfig)
+- `TrainConfig.*`: the run (disttrain.base.config.TrainConfig)
 - models by registry name: `@mlp()`, `@cifar10()`, ... (model_zoo)
 - strategies by class name: `@AsyncParameterServer`, ... (uncalled: the
   launcher calls them with the cluster)
 - optimizers: `@Adam`, `@LazyAdam`, `@Adagrad`, `@SGD`, `@Momentum`, `@RMSProp` (uncalled)
 - learning-rate schedules, given as an optimizer's learning_rate: `@constant_lr()`,
   `@piecewise_lr()`, `@cosine_lr()` (called: the optimizer calls the schedule), and
-  `@linear_scaling()` as a schedule's learning_rate (disttrain.schedules)
+  `@linear_scaling()` as a schedule's learning_rate (disttrain.graph.schedules)
 - inputs: `@synthetic_input`, `@tfrecord_input`, `@sequence_input`, `@imagenet_input`,
   `@criteo_synthetic_input`, `@criteo_tfrecord_input` (uncalled)
 """
@@ -21,9 +21,10 @@ import gin
 import tensorflow as tf
 
 import model_zoo
-from disttrain import schedules, strategies
-from disttrain.config import TrainConfig
-from disttrain.optimizers import LazyAdamOptimizer
+from disttrain import strategies
+from disttrain.base.config import TrainConfig
+from disttrain.graph import schedules
+from disttrain.graph.optimizers import LazyAdamOptimizer
 from model_zoo import imagenet, inputs
 from model_zoo.base import Regularization
 

@@ -6,7 +6,7 @@ here and nowhere else, and `message_of` reads a line of it back (the
 benchmark and `launch_local` read the tasks' log files).
 
 `DISTTRAIN_TF_LOGS=1` keeps everything TensorFlow prints (its C++ start-up
-lines are dropped by `disttrain/quiet.py`, its Python deprecation notices
+lines are dropped by `disttrain/base/quiet.py`, its Python deprecation notices
 here), for debugging.
 """
 
@@ -16,7 +16,7 @@ import logging
 import re
 import sys
 
-from disttrain.quiet import tf_logs_wanted
+from disttrain.base.quiet import tf_logs_wanted
 
 NAME = "disttrain"
 FORMAT = "%(asctime)s %(levelname)s %(message)s"

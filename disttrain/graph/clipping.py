@@ -30,9 +30,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from disttrain.errors import ConfigError
-
-WHERE = ("replica", "aggregate")
+from disttrain.base.config import CLIP_WHERE as WHERE
+from disttrain.base.errors import ConfigError
 
 
 def _deduplicated(grad: tf.IndexedSlices) -> tf.IndexedSlices:

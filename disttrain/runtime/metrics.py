@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from disttrain import run_steps, tf_internals
-from disttrain.errors import DivergedError
+from disttrain.base import tf_internals
+from disttrain.base.errors import DivergedError
+from disttrain.graph import run_steps
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")

@@ -13,11 +13,14 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from disttrain import evaluation, launch, placement, preemption, trainer
-from disttrain.clipping import Clip
-from disttrain.cluster import EVALUATOR, PS, Cluster
-from disttrain.config import TrainConfig
-from disttrain.deadlines import Deadlines
+from disttrain import launch
+from disttrain.base import preemption
+from disttrain.base.cluster import EVALUATOR, PS, Cluster
+from disttrain.base.config import TrainConfig
+from disttrain.base.deadlines import Deadlines
+from disttrain.graph import placement
+from disttrain.graph.clipping import Clip
+from disttrain.runtime import evaluation, trainer
 from disttrain.strategies import Strategy
 
 v1 = tf.compat.v1

@@ -9,7 +9,7 @@ number would be:
         schedules.Cosine(schedules.linear_scaling(0.1), total=90, warmup=5,
                          examples_per_epoch=1281167), momentum=0.9)
 
-or in gin (`disttrain.configurables` registers `@constant_lr()`,
+or in gin (`disttrain.edges.configurables` registers `@constant_lr()`,
 `@piecewise_lr()`, `@cosine_lr()` and `@linear_scaling()`):
 
     Momentum.learning_rate = @cosine_lr()
@@ -51,7 +51,7 @@ import math
 
 import tensorflow as tf
 
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
 
 v1 = tf.compat.v1
 
@@ -76,7 +76,7 @@ def current_global_batch(what: str) -> int:
     if batch is None:
         raise ConfigError(
             f"{what} needs the global batch, known only while disttrain.fit or bin/train.py builds "
-            "the graph (or inside `disttrain.schedules.global_batch(n)`)"
+            "the graph (or inside `disttrain.graph.schedules.global_batch(n)`)"
         )
     return batch
 

@@ -23,11 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from disttrain.cluster import CHIEF, EVALUATOR, PS, WORKER, task_name
+from disttrain.base.cluster import CHIEF, EVALUATOR, PS, WORKER, task_name
 
 # Every task runs this disttrain's training entry (the same one whether installed or a checkout).
 TRAIN_COMMAND = (sys.executable, "-m", "disttrain.scripts.train")
-_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The directory above the disttrain package (this file is disttrain/edges/local.py).
+_IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # TF's C++ log lines ("W0000 00:00:1795434058.537775   16892 file.cc:432] ...") and absl's preamble.

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
-from disttrain.tf_internals import PartitionedVariable, set_device
+from disttrain.base.tf_internals import PartitionedVariable, set_device
 
 v1 = tf.compat.v1
 

@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import logs, recovery, tf_internals, trainer
-from disttrain.errors import ConfigError, DisttrainError
+from disttrain.base import logs, tf_internals
+from disttrain.base.errors import ConfigError, DisttrainError
+from disttrain.runtime import recovery, trainer
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")

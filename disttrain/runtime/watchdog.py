@@ -21,7 +21,7 @@ ends the task with one line and the documented exit code:
 The process ends with `os._exit`: the main thread is stuck in TensorFlow's
 C++ and nothing else would end it. Peers are probed by TCP connect only
 while a phase is past its threshold, so a healthy run costs nothing.
-Each phase's threshold and the peer wait come from `disttrain.deadlines.Deadlines`.
+Each phase's threshold and the peer wait come from `disttrain.base.deadlines.Deadlines`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from disttrain import servers
-from disttrain.errors import EXIT_TRANSIENT
+from disttrain.base.errors import EXIT_TRANSIENT
+from disttrain.runtime import peers
 
 log = logging.getLogger("disttrain")
 
@@ -151,7 +151,7 @@ class Watchdog:
 
     def _probe(self, now: float) -> list[str]:
         """The needed peers unreachable now (noting since when each has been)."""
-        up = servers.probe(self._peers)
+        up = peers.probe(self._peers)
         for name, ok in up.items():
             if ok:
                 self._down_since.pop(name, None)

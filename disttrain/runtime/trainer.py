@@ -20,23 +20,15 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import (
-    input_context,
-    input_feeds,
-    metrics,
-    placement,
-    preemption,
-    recovery,
-    run_steps,
-    servers,
-    tf_internals,
-)
-from disttrain import watchdog as watchdogs
-from disttrain.clipping import Clip
-from disttrain.cluster import Cluster
-from disttrain.config import RunSettings
-from disttrain.deadlines import Deadlines
-from disttrain.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
+from disttrain.base import preemption, tf_errors, tf_internals
+from disttrain.base.cluster import Cluster
+from disttrain.base.config import RunSettings
+from disttrain.base.deadlines import Deadlines
+from disttrain.base.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
+from disttrain.graph import input_context, input_feeds, placement, run_steps
+from disttrain.graph.clipping import Clip
+from disttrain.runtime import metrics, peers, ps_serving, recovery
+from disttrain.runtime import watchdog as watchdogs
 from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
 
 v1 = tf.compat.v1
@@ -381,7 +373,7 @@ def _finish_together(
     """
     if strategy.synchronous or not strategy.uses_ps or cluster.is_local or cluster.num_replicas < 2:
         return []
-    finished = servers.finished_queue(cluster.num_replicas)
+    finished = ps_serving.finished_queue(cluster.num_replicas)
     if not cluster.is_chief:
         return [_ReportFinished(finished.enqueue(cluster.replica_index))]
     save = timer = None
@@ -696,7 +688,7 @@ def monitored_session(
     scaffold = strategy.scaffold(saver)
     notices = []
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
-        notices = [(f"/job:ps/task:{i}", servers.preempt_notice(i).size()) for i in range(cluster.num_ps)]
+        notices = [(f"/job:ps/task:{i}", ps_serving.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
     all_hooks += _finish_together(cluster, strategy, settings, v1.train.get_global_step(), saver, logdir)
     all_hooks.append(
@@ -815,7 +807,7 @@ def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.T
             raise
         log.info(
             f"{cluster.task_name}: a PS left while the last gradients were applied "
-            f"({servers.first_error_line([str(e.message)])}); training is over: exiting"
+            f"({tf_errors.first_error_line([str(e.message)])}); training is over: exiting"
         )
     except tf.errors.InvalidArgumentError as e:
         if NON_FINITE not in str(e.message):
@@ -833,9 +825,9 @@ def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings
     Those its device filters name; under a synchronous PS strategy also the
     chief, whose aggregator releases every step. A replica alone has none.
     """
-    needed = servers.peers(cluster, strategy.device_filters()) if not cluster.is_local else []
+    needed = peers.peers(cluster, strategy.device_filters()) if not cluster.is_local else []
     if strategy.synchronous and strategy.uses_ps and not cluster.is_chief and not cluster.is_local:
-        chief = dict(servers.peers(cluster, []))
+        chief = dict(peers.peers(cluster, []))
         job, index = cluster.replica_jobs[0]
         name = f"/job:{job}/task:{index}"
         if name in chief and name not in dict(needed):

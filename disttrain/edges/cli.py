@@ -15,11 +15,14 @@ import sys
 
 import gin
 
-from disttrain import cluster as cluster_lib
-from disttrain import configurables, launch, logs, metrics, zoo_run
-from disttrain.config import TrainConfig
-from disttrain.errors import EXIT_TRANSIENT, DisttrainError
+from disttrain import launch
+from disttrain.base import cluster as cluster_lib
+from disttrain.base import logs
+from disttrain.base.config import TrainConfig
+from disttrain.base.errors import EXIT_TRANSIENT, DisttrainError
+from disttrain.edges import configurables, zoo_run
 from disttrain.launch import errors_to_exit, fail
+from disttrain.runtime import metrics
 
 OPERATIVE_CONFIG = "operative_config.gin"
 
@@ -41,7 +44,7 @@ def shipped_gin_dir() -> str:
     An installed package carries them as `disttrain/gin/`; a checkout has
     them at the top level, `gin/`.
     """
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # disttrain/, above edges/
     installed = os.path.join(package, "gin")
     return installed if os.path.isdir(installed) else os.path.join(os.path.dirname(package), "gin")
 
@@ -57,6 +60,12 @@ def _gin_search_path() -> list[str]:
     """
     shipped = shipped_gin_dir()
     return [shipped, os.path.dirname(shipped)]
+
+
+def fresh_train_config(gin_files, gin_params) -> TrainConfig:
+    """`train_config` after clearing what gin parsed before: one config after another, in one process."""
+    gin.clear_config()
+    return train_config(list(gin_files), list(gin_params))
 
 
 def train_config(gin_files, gin_params) -> TrainConfig:
@@ -165,8 +174,8 @@ def launch_local(
     With `private_network`, the tasks run in a network namespace of their
     own (root only; otherwise it says what is exposed, and goes on).
     """
-    from disttrain import local
-    from disttrain.private_network import PrivateNetwork
+    from disttrain.edges import local
+    from disttrain.edges.private_network import PrivateNetwork
 
     if not gin_files:
         fail("no --gin_file given: pass one, e.g. --gin_file=mlp_async.gin")
@@ -207,7 +216,7 @@ def launch_local(
 
 
 def _run_local(cluster, logdir: str, timeout) -> int:
-    from disttrain import local
+    from disttrain.edges import local
 
     follower = local.LogFollower(cluster.chief_task.log_path)
 

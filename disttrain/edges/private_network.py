@@ -18,7 +18,7 @@ import select
 import subprocess
 import sys
 
-from disttrain.local import die_with_parent
+from disttrain.edges.local import die_with_parent
 
 CLONE_NEWNET = 0x40000000
 

@@ -79,9 +79,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from disttrain import placement
-from disttrain.config import TrainConfig
-from disttrain.errors import ConfigError
+from disttrain.base.config import TrainConfig
+from disttrain.base.errors import ConfigError
+from disttrain.graph import placement
 
 v1 = tf.compat.v1
 

@@ -14,7 +14,7 @@ often a loop looks; `wait_log_secs`). Where a threshold grows with measured
 times at run time (`trainer.StepWatch`: `STEP_FACTOR` x the longest recent
 step; a worker's polling round, at most `wait_log_secs`), the code that
 measures applies the rule to the values here. The local launcher's bounds
-on the processes it starts (`disttrain.local`, `private_network`) are its
+on the processes it starts (`disttrain.edges.local`, `private_network`) are its
 own, and so is `quiet`'s wait for its helper (run by path, no disttrain).
 """
 
@@ -24,7 +24,7 @@ import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from disttrain.config import RunSettings
+    from disttrain.base.config import RunSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +40,10 @@ class Deadlines:
 
     # ---- fixed bounds: no setting changes them --------------------------------------------------
 
-    # One TCP connect to a peer (`servers.probe`, each try of `servers.wait_for_peers`, the
+    # One TCP connect to a peer (`peers.probe`, each try of `peers.wait_for_peers`, the
     # watchdog's probes): a listening peer answers in milliseconds.
     PROBE_SECS: ClassVar[float] = 1.0
-    # A replica telling a PS that its training has ended: the done queue (`servers.signal_done`) and,
+    # A replica telling a PS that its training has ended: the done queue (`ps_serving.signal_done`) and,
     # async, PS 0's finished queue (`trainer._ReportFinished`). The PS is up (probed first) or
     # leaving: either way the replica's exit must not wait for it.
     TELL_PS_SECS: ClassVar[float] = 10.0
@@ -55,7 +55,7 @@ class Deadlines:
     # MonitoredSession's `stop_grace_period_secs`: its close waits this for the threads registered
     # with its coordinator (the sync aggregator, the overlap's transfer loop) to stop.
     STOP_THREADS_SECS: ClassVar[float] = 5.0
-    # A PS leaving `servers.serve_until_done`: the join of its done-queue thread, ended by the
+    # A PS leaving `ps_serving.serve_until_done`: the join of its done-queue thread, ended by the
     # queue's close (a daemon: the exit does not wait longer).
     DONE_QUEUE_CLOSE_SECS: ClassVar[float] = 5.0
     # `recovery.PreemptionHook`'s read of the PS tasks' preemption queues (every 0.25 s): a slow PS
@@ -92,7 +92,7 @@ class Deadlines:
     def peer_secs(self) -> float:
         """A peer unreachable this long is gone: `peer_wait_secs`.
 
-        Bounds `servers.wait_for_peers` at start-up and after a lost session
+        Bounds `peers.wait_for_peers` at start-up and after a lost session
         (then TransientError, exit 150), and is the watchdog's bound on a
         needed peer that stops answering during a phase; a phase that may
         hang (a step, a replica's close) with every peer reachable is taken
@@ -102,7 +102,7 @@ class Deadlines:
 
     @property
     def cluster_check_secs(self) -> float:
-        """Each call of `servers.check_cluster_agrees` to its anchor's spec table: `peer_wait_secs`.
+        """Each call of `peers.check_cluster_agrees` to its anchor's spec table: `peer_wait_secs`.
 
         The anchor just answered `wait_for_peers`; a call waits only while
         its server is still coming up.
@@ -227,6 +227,6 @@ class Deadlines:
         """A preempted PS waits at most this for the chief's report: `preempt_secs` less 3 s, at least 1 s.
 
         It leaves by itself, naming the replicas that never reported, before
-        `preempted_secs` would end it (`servers._count_reports`).
+        `preempted_secs` would end it (`ps_serving._count_reports`).
         """
         return max(1.0, self.preempt_secs - 3.0)

@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from disttrain import run_steps
-from disttrain.errors import ConfigError, NoFilesError
+from disttrain.base.errors import ConfigError, NoFilesError
+from disttrain.graph import run_steps
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -177,7 +177,7 @@ def takes_context(loss_fn: Callable) -> bool:
 def saved_iterator(dataset: tf.data.Dataset):
     """A one-shot iterator over `dataset` whose position InputPositionHook saves and restores.
 
-    Over NumPy arrays fed when the input starts (`disttrain.input_feeds`) it
+    Over NumPy arrays fed when the input starts (`disttrain.graph.input_feeds`) it
     is an initialisable iterator, which `input_feeds.start_inputs` starts.
     """
     iterator = v1.data.make_one_shot_iterator(dataset)

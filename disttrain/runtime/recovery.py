@@ -16,8 +16,8 @@ import time
 
 import tensorflow as tf
 
-from disttrain import preemption
-from disttrain.deadlines import Deadlines
+from disttrain.base import preemption
+from disttrain.base.deadlines import Deadlines
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")

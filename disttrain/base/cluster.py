@@ -15,7 +15,7 @@ import os
 import types
 from collections.abc import Mapping, Sequence
 
-from disttrain.errors import ConfigError
+from disttrain.base.errors import ConfigError
 
 PS, WORKER, CHIEF, EVALUATOR, LOCAL = "ps", "worker", "chief", "evaluator", "local"
 TASK_TYPES = (PS, WORKER, CHIEF, EVALUATOR)

@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 
 import tensorflow as tf
 
-from disttrain import exporting, input_context, input_feeds, metrics, trainer
-from disttrain.cluster import Cluster
-from disttrain.errors import ConfigError
+from disttrain.base.cluster import Cluster
+from disttrain.base.errors import ConfigError
+from disttrain.graph import input_context, input_feeds
+from disttrain.runtime import exporting, metrics, trainer
 
 POLL_SECS = 2.0  # how often the evaluator looks for a new checkpoint, and whether training is over
 
@@ -81,9 +82,9 @@ def evaluate_checkpoints(
     `build_metrics()` builds the metrics (variables named as in training, so
     that the checkpoint restores them) in a fresh graph; NumPy arrays its
     datasets are built from are fed when each session starts
-    (`disttrain.input_feeds`). With `export_best`, each checkpoint whose
+    (`disttrain.graph.input_feeds`). With `export_best`, each checkpoint whose
     metric is the best so far is exported as well
-    (`disttrain.exporting.BestExport`), its serving function built in the
+    (`disttrain.runtime.exporting.BestExport`), its serving function built in the
     same graph.
     """
     measured = []
