@@ -165,6 +165,29 @@ class TaskThroughput:
     peak_memory_mb: float = 0.0  # this process's peak resident memory (VmHWM), at the end
 
 
+@dataclasses.dataclass(frozen=True)
+class ThroughputSettings:
+    """What a ThroughputHook counts, how often it reports, and where it writes.
+
+    examples_per_local_step / examples_per_global_step: the examples of one
+      step of this replica, and of one step of the global step (the cluster's).
+    every_n: report every N local steps.
+    task_logdir: this replica's TensorBoard directory (None: none written).
+    cluster_logdir: the cluster-wide scalars' directory, given on the chief
+      only (None: not the chief).
+    decay_threshold / decay_window: warn when this task's examples/sec stays
+      this far below its recent best (0: never) for this many reports.
+    """
+
+    examples_per_local_step: int
+    examples_per_global_step: int
+    every_n: int
+    task_logdir: str | None
+    cluster_logdir: str | None
+    decay_threshold: float = 0.0
+    decay_window: int = 3
+
+
 class ThroughputHook(v1.train.SessionRunHook):
     """Counts steps; every `every_n` local steps logs and writes throughput.
 
@@ -181,13 +204,7 @@ class ThroughputHook(v1.train.SessionRunHook):
         task: str,
         loss: tf.Tensor,
         global_step: tf.Tensor,
-        examples_per_local_step: int,
-        examples_per_global_step: int,
-        every_n: int,
-        task_logdir: str | None,
-        cluster_logdir: str | None,
-        decay_threshold: float = 0.0,
-        decay_window: int = 3,
+        settings: ThroughputSettings,
         data_weight: tf.Tensor | None = None,
         steps_trained: tf.Tensor | None = None,
     ):
@@ -196,14 +213,14 @@ class ThroughputHook(v1.train.SessionRunHook):
             self._fetches["data_weight"] = data_weight
         if steps_trained is not None:  # steps without data, or past the last step, trained nothing
             self._fetches["steps_trained"] = steps_trained
-        self._per_local = examples_per_local_step
-        self._per_global = examples_per_global_step
-        self._every_n = every_n
-        self._dirs = (task_logdir, cluster_logdir)
-        self.result = TaskThroughput(task=task, chief=cluster_logdir is not None)
+        self._per_local = settings.examples_per_local_step
+        self._per_global = settings.examples_per_global_step
+        self._every_n = settings.every_n
+        self._dirs = (settings.task_logdir, settings.cluster_logdir)
+        self.result = TaskThroughput(task=task, chief=settings.cluster_logdir is not None)
         self._local_rates: list[float] = []
         self._cluster_rates: list[float] = []
-        self._decay = (decay_threshold, decay_window)
+        self._decay = (settings.decay_threshold, settings.decay_window)
         self._warned_drop = 0.0
 
     def begin(self):

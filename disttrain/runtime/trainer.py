@@ -30,6 +30,7 @@ from disttrain.graph.clipping import Clip
 from disttrain.runtime import metrics, peers, ps_serving, recovery
 from disttrain.runtime import watchdog as watchdogs
 from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
+from disttrain.strategies.building import Step
 
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
@@ -44,6 +45,7 @@ class Built:
     loss: tf.Tensor
     global_step: tf.Tensor
     strategy: Strategy
+    step: Step  # what the strategy built: the reads and feeds the loop needs
 
 
 def build(
@@ -81,7 +83,7 @@ def build(
         checked_loss = lambda: checked(loss_fn())
     with strategy.scope():
         global_step = v1.train.get_or_create_global_step()
-        train_op = strategy.minimize(
+        step = strategy.build_step(
             optimizer_fn(),
             checked_loss,
             global_step,
@@ -91,9 +93,7 @@ def build(
             accumulate_steps=accumulate_steps,
             steps_per_run=steps_per_run,
         )
-    if strategy.global_step_read is not None:
-        global_step = strategy.global_step_read
-    return Built(v1.get_default_graph(), train_op, strategy.loss, global_step, strategy)
+    return Built(v1.get_default_graph(), step.train_op, step.loss, step.global_step_fetch, strategy, step)
 
 
 def without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -269,10 +269,10 @@ class _InputEnded(v1.train.SessionRunHook):
     its aggregator instead.
     """
 
-    def __init__(self, task: str, strategy: Strategy, global_step: tf.Tensor):
+    def __init__(self, task: str, no_data: tf.Tensor, synchronous: bool, global_step: tf.Tensor):
         self._task, self._global_step = task, global_step
-        self._fetch = {"no_data": strategy.no_data}
-        self._whose = "the group's" if strategy.synchronous else "this replica's"
+        self._fetch = {"no_data": no_data}
+        self._whose = "the group's" if synchronous else "this replica's"
 
     def before_run(self, run_context):
         return v1.train.SessionRunArgs(self._fetch)
@@ -360,7 +360,7 @@ class StepWatch(v1.train.SessionRunHook):
 
 
 def _finish_together(
-    cluster: Cluster, strategy: Strategy, settings: RunSettings, global_step, saver, logdir: str
+    cluster: Cluster, strategy: Strategy, built: Step, settings: RunSettings, global_step, saver, logdir: str
 ) -> list:
     """Under an asynchronous PS strategy, a chief that finishes first waits for the others' updates.
 
@@ -393,7 +393,7 @@ def _finish_together(
             cluster.num_replicas - 1,
             global_step,
             Deadlines.of(settings).replicas_idle_secs,
-            strategy.global_step_refresh,
+            built.global_step_refresh,
             save,
             timer,
         )
@@ -673,24 +673,30 @@ def monitored_session(
     becomes DivergedError.
     """
     job, index = (cluster.task_type, cluster.task_index)
-    global_step = strategy.global_step_read
-    if global_step is None:
-        global_step = v1.train.get_global_step()
-    throughput = _throughput_hook(cluster, strategy, logdir, settings, batch_size, global_step)
+    built = strategy.built
+    if built is None:
+        raise ConfigError(
+            f"{type(strategy).__name__} has built no step: call strategy.minimize(...) inside "
+            "strategy.scope() before disttrain.session(strategy, ...)"
+        )
+    global_step = built.global_step_fetch
+    throughput = _throughput_hook(cluster, strategy, built, logdir, settings, batch_size, global_step)
     # The strategy's hooks first: their end() (an async drain of queued gradients) runs
     # before the throughput hook reads the final global step.
-    stop_at = _StopAtStep(last_step=steps, stop_at=strategy.stop_at, step_read=strategy.stop_step_read)
+    stop_at = _StopAtStep(last_step=steps, stop_at=built.stop_at, step_read=built.stop_step_read)
     # The fed inputs start first: a strategy's hook may run steps when its session starts.
     all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
-    all_hooks += _watch_hooks(cluster, strategy, logdir, settings, global_step, watchdog)
+    all_hooks += _watch_hooks(cluster, strategy, built, logdir, settings, global_step, watchdog)
     saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
     scaffold = strategy.scaffold(saver)
     notices = []
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
         notices = [(f"/job:ps/task:{i}", ps_serving.preempt_notice(i).size()) for i in range(cluster.num_ps)]
     # Before the saver hook: its end() is the chief's final checkpoint.
-    all_hooks += _finish_together(cluster, strategy, settings, v1.train.get_global_step(), saver, logdir)
+    all_hooks += _finish_together(
+        cluster, strategy, built, settings, v1.train.get_global_step(), saver, logdir
+    )
     all_hooks.append(
         recovery.PreemptionHook(
             v1.train.get_global_step(),
@@ -756,22 +762,31 @@ def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettin
 
 
 def _throughput_hook(
-    cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, batch_size, global_step
+    cluster: Cluster,
+    strategy: Strategy,
+    built: Step,
+    logdir: str,
+    settings: RunSettings,
+    batch_size,
+    global_step,
 ):
     """This replica's throughput (and the cluster's, on the chief), `batch_size` examples per tower."""
-    return metrics.ThroughputHook(
-        task=cluster.task_name,
-        loss=strategy.loss,
-        global_step=global_step,
-        examples_per_local_step=batch_size * strategy.num_towers * strategy.accumulate_steps,
+    counting = metrics.ThroughputSettings(
+        examples_per_local_step=batch_size * strategy.num_towers * built.accumulate_steps,
         examples_per_global_step=strategy.examples_per_step(batch_size),
         every_n=settings.log_every_steps,
         task_logdir=metrics.task_logdir(logdir, cluster.task_type, cluster.task_index),
         cluster_logdir=logdir if cluster.is_chief else None,
         decay_threshold=settings.decay_threshold,
         decay_window=settings.decay_window,
-        data_weight=strategy.data_weight,
-        steps_trained=strategy.steps_trained,
+    )
+    return metrics.ThroughputHook(
+        task=cluster.task_name,
+        loss=built.loss,
+        global_step=global_step,
+        settings=counting,
+        data_weight=built.data_weight,
+        steps_trained=built.steps_trained,
     )
 
 
@@ -845,7 +860,13 @@ def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings
 
 
 def _watch_hooks(
-    cluster: Cluster, strategy: Strategy, logdir: str, settings: RunSettings, global_step, watchdog
+    cluster: Cluster,
+    strategy: Strategy,
+    built: Step,
+    logdir: str,
+    settings: RunSettings,
+    global_step,
+    watchdog,
 ):
     """The hooks that watch a replica: its input position, the stall guard, step traces (as set)."""
     task_dir = metrics.task_logdir(logdir, cluster.task_type, cluster.task_index)
@@ -860,8 +881,8 @@ def _watch_hooks(
             keep=None if settings.keep_checkpoints is None else settings.keep_checkpoints + 1,
         )
     ]
-    if strategy.no_data is not None:
-        hooks.append(_InputEnded(cluster.task_name, strategy, global_step))
+    if built.no_data is not None:
+        hooks.append(_InputEnded(cluster.task_name, built.no_data, strategy.synchronous, global_step))
     if settings.stall_window:
         hooks.append(_StallGuard(type(strategy).__name__, global_step, settings.stall_window))
     deadlines = Deadlines.of(settings)

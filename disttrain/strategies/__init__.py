@@ -15,6 +15,7 @@ import inspect
 from disttrain.strategies.allreduce import SyncAllReduce
 from disttrain.strategies.async_ps import AsyncParameterServer
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.building import Building, Step  # noqa: F401  (what minimize() builds and built)
 from disttrain.strategies.hybrid import SyncHybrid
 from disttrain.strategies.ps import PsStrategy
 from disttrain.strategies.sync_ps import SyncParameterServer

@@ -134,13 +134,14 @@ class AsyncParameterServer(PsStrategy):
             # by it, so that its own gradients in flight take it no further than the last step.
             before_queue = _local_variable(global_step.read_value, "global_step_before_queue")
             pulls.append(before_queue.assign(after - applied.read_value() - 1, read_value=False))
-            self.stop_step_read = before_queue.read_value() + queued.read_value()
+            self.building.stop_step_read = before_queue.read_value() + queued.read_value()
         with tf.device(worker), tf.control_dependencies(pulls):
             self.transfer_op = applied.assign_add(1, read_value=False)
-        self.global_step_read = mirror.read_value()
+        build = self.building
+        build.global_step_read = mirror.read_value()
         with tf.device(worker):
-            self.global_step_refresh = mirror.assign(global_step.read_value(), read_value=False)
-        tf_internals.set_global_step_read(graph, self.global_step_read)
+            build.global_step_refresh = mirror.assign(global_step.read_value(), read_value=False)
+        tf_internals.set_global_step_read(graph, build.global_step_read)
         self._loop = _TransferLoop(
             queue,
             [self.transfer_op],

@@ -31,7 +31,9 @@ from disttrain.base.config import steps_count
 from disttrain.base.errors import ConfigError
 from disttrain.graph import input_context, input_feeds, placement, run_steps, schedules
 from disttrain.graph.clipping import Clip, clip_by_global_norm
+from disttrain.strategies import building as building_lib
 from disttrain.strategies import sparse, transfer
+from disttrain.strategies.building import Building, Step
 
 v1 = tf.compat.v1
 NON_FINITE = "disttrain: non-finite"  # tags the numerics checks' errors
@@ -345,15 +347,25 @@ class Strategy(abc.ABC):
     # (None: it never aggregates; see disttrain.graph.clipping). Subclasses that set it clip there
     # with `clip_aggregate`.
     aggregate_clipped_at: str | None = None
-    _aggregate_clip: float | None = None
     # True when its replicas agree, inside a step, to stop after it (one of its hooks stops them
     # all when one is preempted); else a preempted replica stops on its own at its next boundary.
     votes_on_preemption = False
-    # Set by minimize(): micro-batches per update, steps per session.run, and the step of the run
-    # whose update apply_gradients is building (it is called once per step, in order).
-    accumulate_steps = 1
-    steps_per_run = 1
-    step_in_run = 0
+    # 0.1.0's names for the build, as views of the build in progress or the last one's record
+    # (disttrain.strategies.building): read-only but for the three apply_gradients may set.
+    loss = building_lib.view("loss")
+    batch_size = building_lib.view("batch_size")
+    accumulate_steps = building_lib.view("accumulate_steps")
+    steps_per_run = building_lib.view("steps_per_run")
+    step_in_run = building_lib.view("step_in_run")
+    tower = building_lib.view("tower")
+    micro_batch = building_lib.view("micro_batch")
+    data_weight = building_lib.view("data_weight")
+    no_data = building_lib.view("no_data")
+    stop_at = building_lib.view("stop_at")
+    steps_trained = building_lib.view("steps_trained")
+    global_step_read = building_lib.view("global_step_read")
+    global_step_refresh = building_lib.view("global_step_refresh")
+    stop_step_read = building_lib.view("stop_step_read")
 
     def __init__(self, cluster: Cluster, num_towers: int | None = None, max_imbalance: float = 0.05):
         self.cluster = cluster
@@ -372,33 +384,8 @@ class Strategy(abc.ABC):
         self.tables: frozenset[str] | None = None
         # A callable op -> device with `tower(device)` (a context) and `plan` (set by minimize).
         self.setter: placement.DeviceSetter | None = None
-        self.loss: tf.Tensor | None = None  # mean loss over towers, set by minimize()
-        # What a step fetches as the global step, where reading the variable itself would cost
-        # the step a round trip to its PS (set by apply_gradients; None: read the variable).
-        self.global_step_read: tf.Tensor | None = None
-        # An op that brings global_step_read up to the global step, run at the end of training before
-        # the final checkpoint, which is named by it (None: global_step_read is None).
-        self.global_step_refresh: tf.Operation | None = None
-        # What the loop compares with the last step, where this replica's updates still in flight
-        # would take the global step past it (set by apply_gradients; None: the global step).
-        self.stop_step_read: tf.Tensor | None = None
-        self.tower = 0  # the tower whose loss is being built (towers call loss_fn in turn)
-        self.batch_size: int | None = None  # examples per tower and step, when minimize() is told
-        # This replica's towers that read real data this step (float32), when its input comes
-        # through InputContext.get_next (None: it never ends; see input_context.joined).
-        self.data_weight: tf.Tensor | None = None
-        # How many of a run's steps trained (int64): those with data, before `stop_at`. None: every
-        # step of every run (input that never ends, one step per run).
-        self.steps_trained: tf.Tensor | None = None
-        # True in a step that had no data where this strategy's update needs some, so that the
-        # update was skipped and training is over for this replica (set by when_data; None: never).
-        self.no_data: tf.Tensor | None = None
-        self.micro_batch = 0  # the micro-batch whose loss is being built (accumulate_steps)
-        # With several steps per run: a placeholder the loop feeds with the last step (steps at or past
-        # it change nothing: when_data), and the global step read when the run starts.
-        self.stop_at: tf.Tensor | None = None
-        self._run_start: tf.Tensor | None = None
-        self._global_step = None
+        # The minimize() call in progress and the last one's record (disttrain.strategies.building).
+        self._record = building_lib.Record()
 
     # ---- devices ----------------------------------------------------
 
@@ -467,9 +454,10 @@ class Strategy(abc.ABC):
         caching_getter = self._caching_getter(read or tf.identity, cached)
         towers = [_MicroBatches() for _ in self.compute_devices]
         losses, tower_grads, present = [], [], []
-        for m in range(self.accumulate_steps):
+        build = self.building
+        for m in range(build.accumulate_steps):
             for i, device in enumerate(self.compute_devices):
-                self.tower, self.micro_batch = i, m
+                build.tower, build.micro_batch = i, m
                 name = f"tower_{i}" if m == 0 else f"tower_{i}_micro_{m}"
                 with (
                     self.setter.tower(device),
@@ -490,14 +478,14 @@ class Strategy(abc.ABC):
                     copied = {v.ref() for _, v in copies}
                     copies += [(v, v) for v in v1.trainable_variables() if v.ref() not in copied]
                     pairs = _gradients_of_copies(optimizer, loss, copies)
-                    if self.accumulate_steps > 1:
+                    if build.accumulate_steps > 1:
                         towers[i].add(loss, pairs, flags)
                     else:
                         losses.append(loss)
                         tower_grads.append(pairs)
                         present.append(flags)
-        self.micro_batch = 0
-        if self.accumulate_steps == 1:
+        build.tower = build.micro_batch = 0
+        if build.accumulate_steps == 1:
             return losses, tower_grads, _flag_weights(present)
         with self.setter.tower(self.compute_devices[0]), tf.name_scope("micro_batch_mean"):
             return tuple(map(list, zip(*(tower.mean() for tower in towers), strict=True)))
@@ -505,7 +493,7 @@ class Strategy(abc.ABC):
     def _call_loss(self, loss_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
         """`loss_fn()`; refused when a repeated build of a tower (a later micro-batch or step) makes
         new variables or input iterators: each would start afresh instead of going on."""
-        repeat = self.micro_batch > 0 or self.step_in_run > 0
+        repeat = self.building.reads_again
         graph = v1.get_default_graph()
         ops, variables = len(graph.get_operations()), len(v1.global_variables())
         loss = loss_fn()
@@ -558,20 +546,21 @@ class Strategy(abc.ABC):
         Gathers from whole reads of a variable (Keras' Embedding) are moved
         onto the variable before any gradient is taken (`sparse.gather_on_tables`).
         """
+        build = self.building
         if not callable(loss):
-            if self.num_towers > 1 or read is not None or self.accumulate_steps > 1:
+            if self.num_towers > 1 or read is not None or build.accumulate_steps > 1:
                 raise ConfigError(
                     f"{type(self).__name__} with several towers, micro-batches or worker-side copies needs "
                     "minimize() to get a loss function, not a loss tensor"
                 )
-            self.loss = loss
+            build.loss = loss
             sparse.gather_on_tables(loss.graph.get_operations())
             return [
                 (g, v)
                 for g, v in optimizer.compute_gradients(loss, gate_gradients=self.gate_gradients)
                 if g is not None
             ]
-        if self.num_towers == 1 and read is None and self.accumulate_steps == 1:
+        if self.num_towers == 1 and read is None and build.accumulate_steps == 1:
             graph = v1.get_default_graph()
             before, flags = len(graph.get_operations()), input_context.flag_count(graph)
             with self.setter.tower(self.compute_devices[0]):
@@ -594,24 +583,25 @@ class Strategy(abc.ABC):
 
         `weights`: per tower, how many of its batches (micro-batches) were
         real data, or None where it read no data-present flag (all None: the
-        plain mean). Sets `self.loss` (the same mean of the towers' losses)
-        and, when any tower reads through `InputContext.get_next`,
-        `self.data_weight` (the sum of the weights). A step with none has
-        zero gradients.
+        plain mean). Sets the build's `loss` (the same mean of the towers'
+        losses) and, when any tower reads through `InputContext.get_next`, its
+        `data_weight` (the sum of the weights). A step with none has zero
+        gradients.
         """
+        build = self.building
         if all(w is None for w in weights):
             if len(losses) == 1:
-                self.loss = losses[0]
+                build.loss = losses[0]
                 return tower_grads[0]
-            self.loss = tf.add_n(losses) / len(losses)
+            build.loss = tf.add_n(losses) / len(losses)
             share = 1.0 / len(losses)
         else:
             weights = [tf.constant(1.0) if w is None else w for w in weights]
-            self.data_weight = tf.add_n(weights)
-            share = 1.0 / tf.maximum(self.data_weight, 1.0)
+            build.data_weight = tf.add_n(weights)
+            share = 1.0 / tf.maximum(build.data_weight, 1.0)
             mean = tf.add_n([w * loss for w, loss in zip(weights, losses, strict=True)]) * share
             # A step with no data at all reports its stand-in loss: the update is skipped anyway.
-            self.loss = tf.where(self.data_weight > 0, mean, tf.add_n(losses) / len(losses))
+            build.loss = tf.where(build.data_weight > 0, mean, tf.add_n(losses) / len(losses))
         averaged = []
         for pairs in zip(*tower_grads, strict=True):
             grads, var = [g for g, _ in pairs], pairs[0][1]
@@ -662,54 +652,113 @@ class Strategy(abc.ABC):
         variables its predecessor updated and the next batch of each
         pipeline; `apply_gradients` is called once per step (`step_in_run`).
         Both need a loss function.
-        Call inside `scope()`.
+        Call inside `scope()`. Returns `build_step(...)`'s train op; the
+        record of the whole build is `self.built`.
         """
+        return self.build_step(
+            optimizer,
+            loss,
+            global_step,
+            check_numerics,
+            batch_size,
+            clip=clip,
+            accumulate_steps=accumulate_steps,
+            steps_per_run=steps_per_run,
+        ).train_op
+
+    def build_step(
+        self,
+        optimizer,
+        loss,
+        global_step=None,
+        check_numerics: bool = False,
+        batch_size: int | None = None,
+        *,
+        clip: Clip | None = None,
+        accumulate_steps: int | None = 1,
+        steps_per_run: int | None = 1,
+    ) -> Step:
+        """`minimize()`, returning the record of what it built (`disttrain.strategies.building.Step`):
+        the train op, the loss, and what the training loop fetches and feeds."""
         if self.setter is None:
             raise RuntimeError("call minimize() inside strategy.scope()")
         _check_optimizer(optimizer)
-        self._take_clip(clip)
-        self.batch_size = batch_size
-        self.accumulate_steps = steps_count(accumulate_steps, "accumulate_steps")
-        self.steps_per_run = steps_count(steps_per_run, "steps_per_run")
-        if not callable(loss) and (self.accumulate_steps > 1 or self.steps_per_run > 1):
+        self.check_clip(clip)
+        build = Building(
+            global_step=global_step,
+            batch_size=batch_size,
+            accumulate_steps=steps_count(accumulate_steps, "accumulate_steps"),
+            steps_per_run=steps_count(steps_per_run, "steps_per_run"),
+            aggregate_clip=clip.norm if clip is not None and clip.where == "aggregate" else None,
+        )
+        if not callable(loss) and (build.accumulate_steps > 1 or build.steps_per_run > 1):
             raise ConfigError(
                 "accumulate_steps and steps_per_run build the loss once per micro-batch and step: give "
                 "minimize() a loss function, not a loss tensor"
             )
+        with self.building_within(build):
+            loss = self._prepared_loss(loss)
+            self._plan_from_loss(loss)
+            if build.global_step is None:
+                build.global_step = v1.train.get_or_create_global_step()
+            train_op = None
+            trained = []
+            for step in range(build.steps_per_run):
+                build.step_in_run = step
+                with self._after_step(train_op):
+                    train_op = self._build_step(optimizer, loss, build.global_step, check_numerics, clip)
+                trained.append(self._trained())
+            if build.steps_per_run > 1:
+                run_steps.mark(train_op, build.steps_per_run)
+            steps_trained = None if None in trained else tf.add_n(trained, name="steps_trained")
+        self._record.built = Step.of(build, train_op, steps_trained)
+        return self._record.built
+
+    def _prepared_loss(self, loss):
+        """The loss function as the towers call it: given its input context if it takes one, checked
+        scalar, its datasets' NumPy arrays fed when the input starts (not constants); or the tensor."""
         if callable(loss) and input_context.takes_context(loss):
             loss = functools.partial(lambda fn: fn(self.input_context()), loss)
-        if callable(loss):  # its datasets' NumPy arrays are fed when the input starts, not constants
-            loss = input_feeds.feeding(functools.partial(lambda fn: scalar_loss(fn()), loss))
-        else:
-            scalar_loss(loss)
-        self._plan_from_loss(loss)
-        if global_step is None:
-            global_step = v1.train.get_or_create_global_step()
-        self.stop_at = self._run_start = self.steps_trained = None
-        self._global_step = global_step
-        train_op = None
-        trained = []
-        for step in range(self.steps_per_run):
-            self.step_in_run = step
-            with self._after_step(train_op):
-                train_op = self._build_step(optimizer, loss, global_step, check_numerics, clip)
-            trained.append(self._trained())
-        if self.steps_per_run > 1:
-            run_steps.mark(train_op, self.steps_per_run)
-        self.steps_trained = None if None in trained else tf.add_n(trained, name="steps_trained")
-        return train_op
+        if callable(loss):
+            return input_feeds.feeding(functools.partial(lambda fn: scalar_loss(fn()), loss))
+        scalar_loss(loss)
+        return loss
+
+    @property
+    def building(self) -> Building:
+        """The `minimize()` call in progress: its settings, where it is, what it has made so far.
+
+        Outside one (`compute_gradients` called on its own), what such calls make.
+        """
+        record = self._record
+        return record.building if record.building is not None else record.loose
+
+    @property
+    def built(self) -> Step | None:
+        """The record of the last `minimize()` call (None before any)."""
+        return self._record.built
+
+    @contextlib.contextmanager
+    def building_within(self, build: Building):
+        """Build as part of `build`: a strategy used inside another's step (a hybrid's ring) shares it."""
+        outer, self._record.building = self._record.building, build
+        try:
+            yield build
+        finally:
+            self._record.building = outer
 
     def _trained(self) -> tf.Tensor | None:
         """1 (int64) if the step just built trained: it had data and came before `stop_at`; else 0.
 
         None when every step trains (input that never ends, one step per run).
         """
-        conditions = [c for c in (self._before_the_end(), self.data_weight) if c is not None]
+        weight = self.building.data_weight
+        conditions = [c for c in (self._before_the_end(), weight) if c is not None]
         if not conditions:
             return None
         with tf.name_scope("trained"):
-            if self.data_weight is not None:
-                conditions[-1] = self.data_weight > 0
+            if weight is not None:
+                conditions[-1] = weight > 0
             return tf.cast(tf.reduce_all(tf.stack(conditions)), tf.int64)
 
     @contextlib.contextmanager
@@ -720,7 +769,7 @@ class Strategy(abc.ABC):
             yield
             return
         with (
-            tf.name_scope(f"step_{self.step_in_run}"),
+            tf.name_scope(f"step_{self.building.step_in_run}"),
             v1.variable_scope(v1.get_variable_scope(), reuse=True),
             tf.control_dependencies([previous]),
         ):
@@ -731,7 +780,8 @@ class Strategy(abc.ABC):
     ) -> tf.Operation:
         """One training step of the run: gradients, their checks, the state updates, apply_gradients."""
         graph = v1.get_default_graph()
-        updates_before = 0 if self.step_in_run == 0 else len(v1.get_collection(v1.GraphKeys.UPDATE_OPS))
+        build = self.building
+        updates_before = 0 if build.step_in_run == 0 else len(v1.get_collection(v1.GraphKeys.UPDATE_OPS))
         loss, state_updates = _recording_state_updates(loss, graph) if callable(loss) else (loss, [])
         try:
             grads_and_vars = self.compute_gradients(optimizer, loss)
@@ -749,18 +799,18 @@ class Strategy(abc.ABC):
             grads_and_vars = [
                 (sparse.deduplicated(g) if sparse.is_sparse(g) else g, v) for g, v in grads_and_vars
             ]
-        if self.step_in_run == 0:
+        if build.step_in_run == 0:
             # Before apply_gradients, so that optimizer slots and whatever a strategy puts beside a
             # variable (accumulators, transfer casts) are made where the variable already is.
             self.place_remaining(global_step)
         grads_and_vars = self._guarded(grads_and_vars, check_numerics, clip)
         # The first tower's (and micro-batch's) state updates made by this step.
-        prefix = graph.get_name_scope() + "/" if self.step_in_run else ""
-        prefix += "tower_0/" if self.num_towers > 1 or self.accumulate_steps > 1 else ""
+        prefix = graph.get_name_scope() + "/" if build.step_in_run else ""
+        prefix += "tower_0/" if self.num_towers > 1 or build.accumulate_steps > 1 else ""
         made = v1.get_collection(v1.GraphKeys.UPDATE_OPS)[updates_before:]
         updates = [op for op in made if op.name.startswith(prefix)]
         # A schedule in epochs or with linear_scaling reads the global batch while the update is built.
-        batch = schedules.global_batch(self.examples_per_step(self.batch_size)) if self.batch_size else None
+        batch = schedules.global_batch(self.examples_per_step(build.batch_size)) if build.batch_size else None
         with batch or contextlib.nullcontext():
             step = self.apply_gradients(optimizer, grads_and_vars, global_step)
         if not updates and not state_updates:
@@ -779,11 +829,6 @@ class Strategy(abc.ABC):
                 f"clip_where='aggregate': {type(self).__name__} never aggregates gradients (each "
                 "replica's update is applied alone); use clip_where='replica'"
             )
-
-    def _take_clip(self, clip: Clip | None) -> None:
-        """Refuse an aggregate clip this strategy has no place for; note the norm for clip_aggregate."""
-        self.check_clip(clip)
-        self._aggregate_clip = clip.norm if clip is not None and clip.where == "aggregate" else None
 
     def _plan_from_loss(self, loss) -> None:
         """Plan from a scratch build of the loss function unless planned; hand the setter the plan."""
@@ -828,14 +873,15 @@ class Strategy(abc.ABC):
         With several steps per run, a step of the run at or past `stop_at`
         (fed by the loop: the last step) changes nothing either.
         """
-        weight = self.data_weight if weight is None else weight
+        build = self.building
+        weight = build.data_weight if weight is None else weight
         live = self._before_the_end()
         if weight is None and live is None:
             return update()
         with tf.name_scope("when_data"):
             conditions = [] if live is None else [live]
             if weight is not None:
-                self.no_data = tf.less_equal(weight, 0.0, name="no_data")
+                build.no_data = tf.less_equal(weight, 0.0, name="no_data")
                 conditions.append(weight > 0)
             go = tf.reduce_all(tf.stack(conditions)) if len(conditions) > 1 else conditions[0]
             return tf.cond(go, lambda: tf.group(update()), tf.no_op)
@@ -847,20 +893,22 @@ class Strategy(abc.ABC):
         after the previous step, which other replicas may also move: async),
         so a run never takes this replica past the last step.
         """
-        if self.steps_per_run == 1:
+        build = self.building
+        if build.steps_per_run == 1:
             return None
-        if self._run_start is None:
+        if build.run_start is None:
             graph = v1.get_default_graph()
             with graph.control_dependencies(None), graph.name_scope("run_start/"):
-                self.stop_at = v1.placeholder_with_default(tf.constant(2**62, tf.int64), [], name="stop_at")
-                self._run_start = tf.identity(self._global_step.read_value(), name="global_step")
-        return self._run_start + self.step_in_run < self.stop_at
+                build.stop_at = v1.placeholder_with_default(tf.constant(2**62, tf.int64), [], name="stop_at")
+                build.run_start = tf.identity(build.global_step.read_value(), name="global_step")
+        return build.run_start + build.step_in_run < build.stop_at
 
     def clip_aggregate(self, grads_and_vars, colocate: bool = False):
         """The aggregate gradient clipped by its global norm when minimize() was asked to; else as given."""
-        if self._aggregate_clip is None:
+        norm = self.building.aggregate_clip
+        if norm is None:
             return grads_and_vars
-        return clip_by_global_norm(grads_and_vars, self._aggregate_clip, colocate)
+        return clip_by_global_norm(grads_and_vars, norm, colocate)
 
     # ---- what the loop needs ----------------------------------------
 

@@ -159,8 +159,8 @@ class SyncHybrid(SyncParameterServer):
             self._table_optimizer = _own_state(optimizer)
         contributed, vote = self.data_weight, None
         if self.cluster.num_replicas > 1 and not self.cluster.is_local:
-            ring.data_weight = self.data_weight
-            dense, contributed, vote = ring.summed(dense, self.step_in_run == 0)
+            with ring.building_within(self.building):  # the ring reads this step's data weight
+                dense, contributed, vote = ring.summed(dense, self.step_in_run == 0)
         dense_update = self.when_data(
             lambda: optimizer.apply_gradients(dense, global_step=global_step), contributed
         )
