@@ -57,45 +57,39 @@ def preprocess(image_bytes, image_size: int, training: bool):
     return (image - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
 
 
-def imagenet(
-    model,
-    batch_size: int,
-    replica_index: int = 0,
-    num_replicas: int = 1,
-    file_pattern: str = "",
-    label_offset: int = -1,
-    training: bool = True,
-    shuffle_buffer: int = 10000,
-    seed: int = 0,
-    cycle_length: int = 8,
-):
-    """Batches of (images, labels) for one replica, forever.
-
-    `model` gives the image size (`input_shape[0]`, square images) and
-    `num_classes`. Replicas read disjoint files when there are at least as
-    many files as replicas, else every num_replicas-th record (see
-    `disttrain.graph.input_context.shard_files`). `shuffle_buffer=0` keeps the file order (tests).
-    """
+def _files(file_pattern: str) -> list[str]:
+    """The TFRecord files of `file_pattern`; NoFilesError when there are none."""
     files = tf.io.gfile.glob(file_pattern) if file_pattern else []
     if not files:
         raise NoFilesError(f"no ImageNet TFRecord files match file_pattern={file_pattern!r}")
-    image_size = int(model.input_shape[0])
-    num_classes = int(model.num_classes)
+    return files
+
+
+def _replica_records(
+    files: list[str],
+    replica_index: int,
+    num_replicas: int,
+    shuffle_files: bool,
+    seed: int,
+    cycle_length: int,
+) -> tf.data.Dataset:
+    """This replica's records: its files interleaved, or every num_replicas-th record if files are few."""
     files, by_record = shard_files(files, replica_index, num_replicas)
     if by_record:
-        dataset = tf.data.TFRecordDataset(files).shard(num_replicas, replica_index)
-    else:
-        dataset = tf.data.Dataset.from_tensor_slices(files)
-        if training and shuffle_buffer:
-            dataset = dataset.shuffle(len(files), seed=seed)
-        dataset = dataset.interleave(
-            tf.data.TFRecordDataset,
-            cycle_length=min(cycle_length, len(files)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=not (training and shuffle_buffer),
-        )
-    if shuffle_buffer:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+        return tf.data.TFRecordDataset(files).shard(num_replicas, replica_index)
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle_files:
+        dataset = dataset.shuffle(len(files), seed=seed)
+    return dataset.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(cycle_length, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=not shuffle_files,
+    )
+
+
+def _parser(image_size: int, num_classes: int, label_offset: int, training: bool):
+    """record -> (preprocessed image, label + label_offset), the label checked to be in [0, num_classes)."""
     spec = {
         "image/encoded": tf.io.FixedLenFeature([], tf.string),
         "image/class/label": tf.io.FixedLenFeature([], tf.int64),
@@ -116,5 +110,35 @@ def imagenet(
             label = tf.identity(label)
         return preprocess(example["image/encoded"], image_size, training), label
 
+    return parse
+
+
+def imagenet(
+    model,
+    batch_size: int,
+    replica_index: int = 0,
+    num_replicas: int = 1,
+    file_pattern: str = "",
+    label_offset: int = -1,
+    training: bool = True,
+    shuffle_buffer: int = 10000,
+    seed: int = 0,
+    cycle_length: int = 8,
+):
+    """Batches of (images, labels) for one replica, forever.
+
+    `model` gives the image size (`input_shape[0]`, square images) and
+    `num_classes`. Replicas read disjoint files when there are at least as
+    many files as replicas, else every num_replicas-th record (see
+    `disttrain.graph.input_context.shard_files`). `shuffle_buffer=0` keeps the file order (tests).
+    """
+    files = _files(file_pattern)
+    image_size = int(model.input_shape[0])
+    num_classes = int(model.num_classes)
+    shuffle_files = bool(training and shuffle_buffer)
+    dataset = _replica_records(files, replica_index, num_replicas, shuffle_files, seed, cycle_length)
+    if shuffle_buffer:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    parse = _parser(image_size, num_classes, label_offset, training)
     dataset = dataset.repeat().map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -175,12 +175,59 @@ class Task:
         return task_name(self.job, self.index)
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalSettings:
+    """How a local cluster's tasks run, whatever its shape: where they listen, how they start and restart.
+
+    host: the address whose free ports the tasks listen on, unless `addresses` is given.
+    env: the tasks' environment (None: this process's, when the cluster is made).
+    addresses(job, index): each task's address, for tasks started elsewhere.
+    popen(task, argv, env, log_file): starts a task elsewhere (the benchmark: in its own network
+      namespace); None: a local process.
+    gpus_per_worker: the GPUs each replica sees (CUDA_VISIBLE_DEVICES; PS tasks see none).
+    max_restarts: how often a task that died of a signal or a transient exit code is restarted, as
+      an orchestrator would (0: the first death stops the cluster).
+    restart_delay_secs: how long a dead task waits before its restart (an orchestrator's back-off).
+    on_event(message): called with each event (a death, a restart, a task outliving the others).
+    """
+
+    host: str = "127.0.0.1"
+    env: dict | None = None
+    addresses: Callable[[str, int], str] | None = None
+    popen: Callable | None = None
+    gpus_per_worker: int = 1
+    max_restarts: int = 0
+    restart_delay_secs: float = 0.0
+    on_event: Callable[[str], None] | None = None
+
+
+def _tasks(
+    logdir: str,
+    num_ps: int,
+    num_workers: int,
+    chief: bool,
+    evaluator: bool,
+    address: Callable[[str, int], str],
+) -> list[Task]:
+    """The cluster's tasks, PS first, each with its address (the evaluator has none) and its log file."""
+    jobs = [(PS, num_ps), (CHIEF, 1 if chief else 0), (WORKER, num_workers)]
+    tasks = [
+        Task(job, i, address(job, i), os.path.join(logdir, "logs", f"{job}_{i}.log"))
+        for job, count in jobs
+        for i in range(count)
+    ]
+    if evaluator:
+        tasks.append(Task(EVALUATOR, 0, None, os.path.join(logdir, "logs", "evaluator_0.log")))
+    return tasks
+
+
 class LocalCluster:
     """Start, watch and stop a cluster of `disttrain-train` processes.
 
-    `popen(task, argv, env, log_file)` may be given to start tasks elsewhere
-    (the benchmark runs each in its own network namespace); `addresses` then
-    gives each task's address.
+    The constructor takes the cluster's shape and what its tasks run; how
+    they run (ports, environment, restarts, events) is a `LocalSettings`,
+    given as `settings=` or as its fields' keywords (`max_restarts=1`, which
+    override those of `settings`).
     """
 
     def __init__(
@@ -192,35 +239,21 @@ class LocalCluster:
         chief: bool = False,
         evaluator: bool = False,
         gin_params: Sequence[str] = (),
-        host: str = "127.0.0.1",
-        env: dict | None = None,
-        addresses: Callable[[str, int], str] | None = None,
-        popen: Callable | None = None,
-        gpus_per_worker: int = 1,
-        max_restarts: int = 0,
-        restart_delay_secs: float = 0.0,
-        on_event: Callable[[str], None] | None = None,
+        settings: LocalSettings | None = None,
+        **options,
     ):
+        self.settings = dataclasses.replace(settings or LocalSettings(), **options)
+        host = self.settings.host
         self.gin_files, self.gin_params, self.logdir = list(gin_files), list(gin_params), logdir
-        self.env = dict(os.environ if env is None else env)
-        self._popen = popen or self._local_popen
-        self.gpus, self.gpus_per_worker = gpu_count(), gpus_per_worker
-        address = addresses or (lambda job, i: f"{host}:{free_port(host)}")
-        jobs = [(PS, num_ps), (CHIEF, 1 if chief else 0), (WORKER, num_workers)]
-        self.tasks = [
-            Task(job, i, address(job, i), os.path.join(logdir, "logs", f"{job}_{i}.log"))
-            for job, count in jobs
-            for i in range(count)
-        ]
-        if evaluator:
-            self.tasks.append(Task(EVALUATOR, 0, None, os.path.join(logdir, "logs", "evaluator_0.log")))
+        self.env = dict(os.environ if self.settings.env is None else self.settings.env)
+        self._popen = self.settings.popen or self._local_popen
+        self.gpus = gpu_count()
+        address = self.settings.addresses or (lambda job, i: f"{host}:{free_port(host)}")
+        self.tasks = _tasks(logdir, num_ps, num_workers, chief, evaluator, address)
         self.failed: list[Task] = []  # tasks that had failed when wait() stopped the cluster
-        self.max_restarts = max_restarts
-        self.restart_delay_secs = restart_delay_secs  # an orchestrator's back-off
         self._due: dict[str, tuple[Task, float]] = {}  # tasks waiting to be restarted
         self.restarts: dict[str, int] = {}
         self.events: list[str] = []
-        self._on_event = on_event
         self.cluster = {}
         for t in self.tasks:
             if t.address:
@@ -247,7 +280,7 @@ class LocalCluster:
 
     def _start_task(self, task: Task, mode: str) -> None:
         env = task_env(dict(self.env, TF_CONFIG=self.tf_config(task), PYTHONUNBUFFERED="1"))
-        devices = visible_devices(task.job, task.index, self.gpus, self.gpus_per_worker)
+        devices = visible_devices(task.job, task.index, self.gpus, self.settings.gpus_per_worker)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         with open(task.log_path, mode) as log_file:
@@ -256,8 +289,8 @@ class LocalCluster:
 
     def _event(self, message: str) -> None:
         self.events.append(message)
-        if self._on_event:
-            self._on_event(message)
+        if self.settings.on_event:
+            self.settings.on_event(message)
 
     def _restart_or_fail(self, task: Task) -> bool:
         """Restart a task that died of a signal or a transient code, as an orchestrator would.
@@ -269,12 +302,12 @@ class LocalCluster:
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         transient = code < 0 or code >= 128
         used = self.restarts.get(task.name, 0)
-        if not transient or used >= self.max_restarts:
+        if not transient or used >= self.settings.max_restarts:
             self._event(f"{task.name} died ({how}); stopping the cluster; log: {task.log_path}")
             return False
         self.restarts[task.name] = used + 1
-        self._event(f"{task.name} died ({how}); restarting it ({used + 1}/{self.max_restarts})")
-        self._due[task.name] = (task, time.monotonic() + self.restart_delay_secs)
+        self._event(f"{task.name} died ({how}); restarting it ({used + 1}/{self.settings.max_restarts})")
+        self._due[task.name] = (task, time.monotonic() + self.settings.restart_delay_secs)
         return True
 
     def wait(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import tensorflow as tf
 
@@ -96,45 +96,77 @@ def evaluate_checkpoints(
 
     with tf.Graph().as_default():
         values = input_feeds.feeding(build_metrics)()
-        names = sorted(values)
-        exporter = None
-        if export_best is not None:
-            earlier = measured_before(logdir, f"eval/{export_best.metric}")
-            exporter = exporting.BestExporter(export_best, names, earlier)
+        exporter = _best_exporter(logdir, export_best, sorted(values))
         global_step = v1.train.get_or_create_global_step()
         saver = v1.train.Saver()
         writer = v1.summary.FileWriter(os.path.join(logdir, "eval"))
-        newest_path, newest_at = None, time.monotonic()  # the last checkpoint measured, and when
-
-        def stop_waiting() -> bool:  # after a poll found no new checkpoint
-            if finished() is not None and v1.train.latest_checkpoint(logdir) == newest_path:
-                return True  # the chief has finished, and its last checkpoint is measured
-            return time.monotonic() - newest_at >= wait_secs
-
-        polls = v1.train.checkpoints_iterator(
-            logdir, min_interval_secs=1, timeout=POLL_SECS, timeout_fn=stop_waiting
-        )
-        for path in polls:
+        for path in _new_checkpoints(logdir, wait_secs, finished):
             if exporter is not None:
                 exporter.check(path)
             with v1.Session() as session:
                 saver.restore(session, path)
-                input_feeds.start_inputs(session)
-                runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
-                step = int(session.run(global_step))
-                means = {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
-                writer.add_summary(metrics.scalar_summary({f"eval/{n}": v for n, v in means.items()}), step)
-                writer.flush()
-                said = "  ".join(f"eval {n} {v:.4f}" for n, v in means.items())
-                log.info(f"evaluator: step {step}  {said}")
+                step, means = _measure(session, values, global_step, eval_steps)
+                _write_result(writer, step, means)
                 if exporter is not None:
                     exporter.offer(session, path, step, means)
             measured.append((step, means))
-            newest_path, newest_at = path, time.monotonic()
             if step >= last_step:
                 break
         writer.close()
-    end = finished()
+    _log_end(measured, last_step, finished(), wait_secs)
+    return measured
+
+
+def _best_exporter(
+    logdir: str, export_best: exporting.BestExport | None, names: list[str]
+) -> exporting.BestExporter | None:
+    """The exporter of each best checkpoint, told the values earlier evaluators measured (None: no export)."""
+    if export_best is None:
+        return None
+    earlier = measured_before(logdir, f"eval/{export_best.metric}")
+    return exporting.BestExporter(export_best, names, earlier)
+
+
+def _new_checkpoints(logdir: str, wait_secs: float, finished: Callable[[], int | None]) -> Iterator[str]:
+    """Each new checkpoint of `logdir` until the chief's last is measured or none comes in `wait_secs`."""
+    newest_path, newest_at = None, time.monotonic()  # the last checkpoint measured, and when
+
+    def stop_waiting() -> bool:  # after a poll found no new checkpoint
+        if finished() is not None and v1.train.latest_checkpoint(logdir) == newest_path:
+            return True  # the chief has finished, and its last checkpoint is measured
+        return time.monotonic() - newest_at >= wait_secs
+
+    polls = v1.train.checkpoints_iterator(
+        logdir, min_interval_secs=1, timeout=POLL_SECS, timeout_fn=stop_waiting
+    )
+    for path in polls:
+        yield path  # the caller measures it before it asks for the next one
+        newest_path, newest_at = path, time.monotonic()
+
+
+def _measure(
+    session: v1.Session, values: dict[str, tf.Tensor], global_step: tf.Tensor, eval_steps: int
+) -> tuple[int, dict[str, float]]:
+    """The restored checkpoint's global step, and each metric's mean over `eval_steps` fresh batches."""
+    names = sorted(values)
+    input_feeds.start_inputs(session)
+    runs = [session.run([values[n] for n in names]) for _ in range(eval_steps)]
+    step = int(session.run(global_step))
+    return step, {n: float(sum(r[i] for r in runs) / len(runs)) for i, n in enumerate(names)}
+
+
+def _write_result(writer: v1.summary.FileWriter, step: int, means: dict[str, float]) -> None:
+    """One checkpoint's `eval/<name>` scalars, flushed for TensorBoard, and its console line."""
+    writer.add_summary(metrics.scalar_summary({f"eval/{n}": v for n, v in means.items()}), step)
+    writer.flush()
+    said = "  ".join(f"eval {n} {v:.4f}" for n, v in means.items())
+    log.info(f"evaluator: step {step}  {said}")
+
+
+def _log_end(
+    measured: list[tuple[int, dict[str, float]]], last_step: int, end: int | None, wait_secs: float
+) -> None:
+    """Log why the evaluator stopped: last step measured, chief finished (at `end`), or no new checkpoint."""
     if measured and (measured[-1][0] >= last_step or end is not None):
         step = end if end is not None else measured[-1][0]
         log.info(f"evaluator: training is over at global step {step}, and its last checkpoint is measured")
@@ -148,7 +180,6 @@ def evaluate_checkpoints(
             f"evaluator: no new checkpoint in {wait_secs:.0f} s; stopping "
             + (f"after step {measured[-1][0]}" if measured else "without evaluating one")
         )
-    return measured
 
 
 def measured_before(logdir: str, tag: str) -> list[float]:

@@ -34,6 +34,19 @@ def test_cluster_layout_and_tf_config():
     assert c.chief_task.name == "/job:chief/task:0"
 
 
+def test_settings_are_given_whole_or_as_keywords_and_a_misspelt_one_is_refused():
+    """LocalSettings' fields are keywords of LocalCluster too; a keyword overrides `settings`'s field."""
+    at = lambda job, i: f"{job}.example:{2222 + i}"
+    whole = local.LocalSettings(max_restarts=2, addresses=at, env={"A": "1"})
+    c = local.LocalCluster(["x.gin"], "/tmp/l", settings=whole, restart_delay_secs=3.0)
+    assert (c.settings.max_restarts, c.settings.restart_delay_secs, c.env) == (2, 3.0, {"A": "1"})
+    assert c.cluster == {"ps": ["ps.example:2222"], "worker": ["worker.example:2222", "worker.example:2223"]}
+    by_keyword = local.LocalCluster(["x.gin"], "/tmp/l", max_restarts=2)
+    assert by_keyword.settings == local.LocalSettings(max_restarts=2)
+    with pytest.raises(TypeError, match="max_restart"):
+        local.LocalCluster(["x.gin"], "/tmp/l", max_restart=2)
+
+
 def test_log_follower(tmp_path):
     path = tmp_path / "log"
     follower = local.LogFollower(str(path))
