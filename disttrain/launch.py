@@ -63,73 +63,65 @@ def fit(
 ) -> metrics.TaskThroughput | None:
     """Train `loss_fn` with `optimizer_fn()` on this task's part of the cluster; any role.
 
-    loss_fn: builds one replica's loss, input included (get_variable, Keras
-      layers, tf.nn), in graph mode; called once per tower, and once more in a
-      scratch graph to plan placement when its variables all come from
-      get_variable. It must build in the graph it is called in: an iterator
-      or tensor it keeps between calls is kept per `v1.get_default_graph()`.
-      It returns the loss alone: a floating-point scalar tensor.
+    loss_fn: builds one replica's loss, a floating-point scalar, input
+      included, in graph mode (get_variable, Keras layers, tf.nn); called once
+      per tower, and once more in a scratch graph to plan placement when its
+      variables all come from get_variable. What it keeps between calls (an
+      iterator) it keeps per `v1.get_default_graph()` (docs/own_model.md).
     optimizer_fn: returns a tf.compat.v1 optimizer (called inside the graph).
     steps: training ends when the global step reaches this (an integer >= 1).
     logdir: checkpoints (restored on start), TensorBoard events, task results.
-    strategy: a strategy class or a callable cluster -> strategy (e.g.
-      `functools.partial(disttrain.AsyncParameterServer, overlap=True)`), or
-      one built for this task. None: AsyncParameterServer when the cluster
-      has PS tasks, else SyncAllReduce (one process alone: just trains).
+    strategy: a strategy class, a callable cluster -> strategy (e.g.
+      `functools.partial(disttrain.AsyncParameterServer, overlap=True)`) or one
+      built for this task. None: AsyncParameterServer with PS tasks, else SyncAllReduce.
     cluster: None reads TF_CONFIG; no TF_CONFIG means one local process.
-    batch_size: examples per tower and step, for examples/sec.
-    hooks: more session hooks for every replica.
-    eval_fn: builds held-out metrics, `eval_fn()` or `eval_fn(input_context)`:
-      a scalar loss tensor or a dict name -> scalar tensor, from a held-out
-      input, with the training variables' names (the same get_variable
-      calls, or the same Keras model). A task of type 'evaluator' then
-      evaluates each checkpoint on the same `eval_steps` batches, beside
-      training, and writes `eval/<name>` scalars under `<logdir>/eval`.
-    export_best: a `disttrain.BestExport`: the evaluator also exports each
-      checkpoint whose metric is the best so far as a SavedModel
-      (`disttrain.export`'s layout); None: it exports nothing.
+    batch_size: examples per tower and step, for examples/sec. hooks: more session hooks for every replica.
+    eval_fn: `eval_fn()` or `eval_fn(input_context)` builds held-out metrics (a
+      scalar loss, or a dict name -> scalar) with the training variables'
+      names; a task of type 'evaluator' measures each checkpoint on the same
+      `eval_steps` batches and writes `eval/<name>` scalars under `<logdir>/eval`.
+    export_best: a `disttrain.BestExport`: the evaluator also exports each best
+      checkpoint so far as a SavedModel; None: it exports nothing.
     settings: any RunSettings field (log_every_steps, save_checkpoint_steps,
       peer_wait_secs, ps_linger_secs, check_numerics, clip_norm, clip_where, ...).
 
     A PS serves until training is done and returns None; a replica trains
-    and returns what it measured. What ends a task (a configuration error, a
-    peer lost for good, divergence) ends the process with one line on stderr
-    and the documented exit code, so an orchestrator can act on it.
+    and returns what it measured. What ends a task ends the process with one
+    line on stderr and its documented exit code (docs/faults.md).
     """
     with errors_to_exit(cluster):
         settings = RunSettings.of(**settings)
         steps, logdir, batch_size, hooks = _checked(steps, logdir, batch_size, hooks)
         eval_steps = whole_count(eval_steps, "eval_steps")
-        if cluster is not None and not isinstance(cluster, Cluster):
-            raise ConfigError(
-                f"cluster is a {type(cluster).__name__}: give a disttrain.Cluster "
-                "(Cluster.from_tf_config(...), Cluster.from_hosts(...)), or None to read TF_CONFIG"
-            )
-        if export_best is not None and not isinstance(export_best, exporting.BestExport):
-            raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
-        cluster = Cluster.from_env() if cluster is None else cluster
-        logs.to_console()
-        preemption.install(Deadlines.of(settings).preempted_secs)
-        set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
-        if ROLES[cluster.task_type] == SERVE:
+        cluster = _checked_cluster(cluster, export_best)
+        _start_process(settings)
+        role = ROLES[cluster.task_type]
+        if role == SERVE:
             refuse_what_replicas_refuse(strategy, cluster, settings)
-        lives = {
-            SERVE: lambda: serve(cluster, settings, logdir, steps),
-            EVALUATE: lambda: _evaluate(
-                eval_fn, export_best, logdir, batch_size, eval_steps, steps, settings, cluster
-            ),
-            TRAIN: lambda: train_replica(
-                make_strategy(strategy, cluster),
-                loss_fn,
-                optimizer_fn,
-                steps=steps,
-                logdir=logdir,
-                settings=settings,
-                batch_size=batch_size,
-                hooks=hooks,
-            ),
-        }
-        return lives[ROLES[cluster.task_type]]()
+            return serve(cluster, settings, logdir, steps)
+        if role == EVALUATE:
+            return _evaluate(eval_fn, export_best, logdir, batch_size, eval_steps, steps, settings, cluster)
+        run = dict(steps=steps, logdir=logdir, settings=settings, batch_size=batch_size, hooks=hooks)
+        return train_replica(make_strategy(strategy, cluster), loss_fn, optimizer_fn, **run)
+
+
+def _checked_cluster(cluster, export_best) -> Cluster:
+    """The cluster to run in (None: TF_CONFIG's, or one local process), its type and export_best's checked."""
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise ConfigError(
+            f"cluster is a {type(cluster).__name__}: give a disttrain.Cluster "
+            "(Cluster.from_tf_config(...), Cluster.from_hosts(...)), or None to read TF_CONFIG"
+        )
+    if export_best is not None and not isinstance(export_best, exporting.BestExport):
+        raise ConfigError(f"export_best={export_best!r}: give a disttrain.BestExport, or None")
+    return Cluster.from_env() if cluster is None else cluster
+
+
+def _start_process(settings: RunSettings) -> None:
+    """What every task's process does first: the console, SIGTERM as a preemption, the thread pools."""
+    logs.to_console()
+    preemption.install(Deadlines.of(settings).preempted_secs)
+    set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
 
 
 def _evaluate(

@@ -672,61 +672,20 @@ def monitored_session(
     holds what this task measured once the block has ended. A NaN or Inf
     becomes DivergedError.
     """
-    job, index = (cluster.task_type, cluster.task_index)
-    built = strategy.built
-    if built is None:
-        raise ConfigError(
-            f"{type(strategy).__name__} has built no step: call strategy.minimize(...) inside "
-            "strategy.scope() before disttrain.session(strategy, ...)"
-        )
-    global_step = built.global_step_fetch
-    throughput = _throughput_hook(cluster, strategy, built, logdir, settings, batch_size, global_step)
-    # The strategy's hooks first: their end() (an async drain of queued gradients) runs
-    # before the throughput hook reads the final global step.
-    stop_at = _StopAtStep(last_step=steps, stop_at=built.stop_at, step_read=built.stop_step_read)
-    # The fed inputs start first: a strategy's hook may run steps when its session starts.
-    all_hooks = [input_feeds.StartInputsHook(), *strategy.hooks(last_step=steps), stop_at, throughput, *hooks]
+    built = _built_step(strategy)
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
-    all_hooks += _watch_hooks(cluster, strategy, built, logdir, settings, global_step, watchdog)
-    saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
-    scaffold = strategy.scaffold(saver)
-    notices = []
-    if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
-        notices = [(f"/job:ps/task:{i}", ps_serving.preempt_notice(i).size()) for i in range(cluster.num_ps)]
-    # Before the saver hook: its end() is the chief's final checkpoint.
-    all_hooks += _finish_together(
-        cluster, strategy, built, settings, v1.train.get_global_step(), saver, logdir
+    hooked = _session_hooks(cluster, strategy, built, logdir, settings, batch_size, steps, hooks, watchdog)
+    creator = _session_creator(
+        cluster, hooked.scaffold, target, session_config, settings, logdir, hooked.live, watchdog
     )
-    all_hooks.append(
-        recovery.PreemptionHook(
-            v1.train.get_global_step(),
-            notices,
-            cluster.is_chief,
-            stop_on_request=not strategy.votes_on_preemption,
-        )
-    )
-    if cluster.is_chief and (settings.save_checkpoint_steps or settings.save_checkpoint_secs):
-        all_hooks.append(
-            v1.train.CheckpointSaverHook(
-                logdir,
-                save_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
-                save_steps=settings.save_checkpoint_steps,
-                scaffold=scaffold,
-            )
-        )
-    # Last: the hooks after a step (the checkpoint saver's included) have returned.
-    all_hooks.append(StepWatch.Done(next(h for h in all_hooks if isinstance(h, StepWatch))))
-    # Variables on PS tasks may have outlived a restarted chief, which then adopts them.
-    live = bool(notices) and strategy.adopts_live_ps_state
-    creator = _session_creator(cluster, scaffold, target, session_config, settings, logdir, live, watchdog)
     deadlines = Deadlines.of(settings)
     watchdog.start().enter("creating the session", deadlines.creating_session_secs)
-    with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, stop_at, throughput):
+    with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, hooked.stop_at, hooked.throughput):
         creator = _Reconnecting(
             creator, on_reconnect, lost_peer_log, watchdog, deadlines.recovering_session_secs
         )
         with v1.train.MonitoredSession(
-            session_creator=creator, hooks=all_hooks, stop_grace_period_secs=Deadlines.STOP_THREADS_SECS
+            session_creator=creator, hooks=hooked.hooks, stop_grace_period_secs=Deadlines.STOP_THREADS_SECS
         ) as session:
             try:
                 yield session
@@ -735,17 +694,129 @@ def monitored_session(
                 raise
             _closing(watchdog, cluster, settings)
     watchdog.stop()
-    result = session.result = throughput.result
+    session.result = _reported(cluster, logdir, hooked)
+
+
+def _built_step(strategy: Strategy) -> Step:
+    """The record of the strategy's build, which the loop reads; a strategy that built nothing is refused."""
+    if strategy.built is None:
+        raise ConfigError(
+            f"{type(strategy).__name__} has built no step: call strategy.minimize(...) inside "
+            "strategy.scope() before disttrain.session(strategy, ...)"
+        )
+    return strategy.built
+
+
+# The session's hooks by phase, in the order MonitoredSession runs them (each of begin,
+# after_create_session, before_run, after_run and end goes through the list in order).
+HOOK_PHASES = (
+    "inputs",  # the fed inputs start first: a strategy's hook may run steps when its session starts
+    "strategy",  # their end() (an async drain of queued gradients) runs before the final step is read
+    "stop",  # the last step, as this replica sees it
+    "throughput",  # reads the final global step in its end()
+    "user",  # the hooks fit() or session() was given
+    "watch",  # the input position, the stall guard, the watchdog's step phases, step traces
+    "finish_together",  # async PS: a chief that finishes first waits for the others' updates
+    "preemption",  # a PS's or this task's notice stops the loop at a step boundary
+    "checkpoints",  # the chief's saver: its end() is the final checkpoint, after the phases above
+    "step_done",  # last: every hook after a step (the saver's included) has returned
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hooked:
+    """A replica session's hooks by phase, and the parts of them the session itself needs."""
+
+    phases: dict[str, list]
+    throughput: metrics.ThroughputHook
+    stop_at: _StopAtStep
+    scaffold: v1.train.Scaffold
+    live: bool  # a restarted chief adopts the variables live PS tasks still hold
+
+    @property
+    def hooks(self) -> list:
+        if tuple(self.phases) != HOOK_PHASES:
+            raise RuntimeError(f"hook phases out of order: {tuple(self.phases)}, not {HOOK_PHASES}")
+        return [hook for phase in self.phases.values() for hook in phase]
+
+
+def _session_hooks(
+    cluster: Cluster,
+    strategy: Strategy,
+    built: Step,
+    logdir: str,
+    settings: RunSettings,
+    batch_size: int,
+    steps: int,
+    hooks: Sequence[v1.train.SessionRunHook],
+    watchdog: watchdogs.Watchdog,
+) -> _Hooked:
+    """Every hook of a replica's session, in HOOK_PHASES' order.
+
+    Made in the order the session used to make them: the saver is made after
+    the strategy's and the watching hooks, so it saves what they create too.
+    """
+    global_step = built.global_step_fetch
+    throughput = _throughput_hook(cluster, strategy, built, logdir, settings, batch_size, global_step)
+    stop_at = _StopAtStep(last_step=steps, stop_at=built.stop_at, step_read=built.stop_step_read)
+    phases = {
+        "inputs": [input_feeds.StartInputsHook()],
+        "strategy": strategy.hooks(last_step=steps),
+        "stop": [stop_at],
+        "throughput": [throughput],
+        "user": list(hooks),
+        "watch": _watch_hooks(cluster, strategy, built, logdir, settings, global_step, watchdog),
+    }
+    saver = v1.train.Saver(max_to_keep=settings.keep_checkpoints, sharded=True)
+    scaffold = strategy.scaffold(saver)
+    notices = []
+    if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
+        notices = [(f"/job:ps/task:{i}", ps_serving.preempt_notice(i).size()) for i in range(cluster.num_ps)]
+    phases["finish_together"] = _finish_together(
+        cluster, strategy, built, settings, v1.train.get_global_step(), saver, logdir
+    )
+    phases["preemption"] = [
+        recovery.PreemptionHook(
+            v1.train.get_global_step(),
+            notices,
+            cluster.is_chief,
+            stop_on_request=not strategy.votes_on_preemption,
+        )
+    ]
+    phases["checkpoints"] = _checkpoint_saver(cluster, settings, logdir, scaffold)
+    phases["step_done"] = [StepWatch.Done(next(h for h in phases["watch"] if isinstance(h, StepWatch)))]
+    live = bool(notices) and strategy.adopts_live_ps_state
+    return _Hooked(phases, throughput, stop_at, scaffold, live)
+
+
+def _checkpoint_saver(cluster: Cluster, settings: RunSettings, logdir: str, scaffold) -> list:
+    """The chief's checkpoint saver, when the settings save checkpoints (none elsewhere)."""
+    if not (cluster.is_chief and (settings.save_checkpoint_steps or settings.save_checkpoint_secs)):
+        return []
+    return [
+        v1.train.CheckpointSaverHook(
+            logdir,
+            save_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
+            save_steps=settings.save_checkpoint_steps,
+            scaffold=scaffold,
+        )
+    ]
+
+
+def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThroughput:
+    """What this task measured, written to its result.json and logged in one line."""
+    result = hooked.throughput.result
     # The chief's own training ended before the others' updates (async): the run's last step is theirs.
-    for hook in all_hooks:
+    for hook in hooked.phases["finish_together"]:
         if isinstance(hook, _AwaitReplicas) and hook.final_step is not None:
             result.global_step = max(result.global_step, hook.final_step)
-    write_result(logdir, job, index, result)
+    write_result(logdir, cluster.task_type, cluster.task_index, result)
     log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
+    return result
 
 
 def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettings) -> None:

@@ -395,21 +395,7 @@ class SyncAllReduce(Strategy):
                 communication_hint=self.communication_hint,
                 divisor=divisor,
             )
-
-            def reduce_dense(tensors, setting: tuning.Setting, keys):
-                return all_reduce_mean(
-                    tensors,
-                    self.group_size,
-                    setting.bucket_bytes,
-                    max_subdivs=setting.max_subdivs,
-                    **{**common, "instance_keys": keys},
-                )
-
-            if self.tuner is not None:
-                reduced = self.tuner.reduce(dense_grads, reduce_dense, self._keys, self.step_in_run == 0)
-            else:
-                configured = tuning.Setting(self.bucket_bytes, self.max_subdivs)
-                reduced = reduce_dense(dense_grads, configured, self._keys)
+            reduced = self._reduced_dense(dense_grads, common)
             anywhere = None
             if ballot is not None:
                 anywhere = reduced.pop()
@@ -427,6 +413,22 @@ class SyncAllReduce(Strategy):
         for i, g in zip(dense + rows, reduced + gathered, strict=True):
             grads[i] = g
         return [(g, v) for g, (_, v) in zip(grads, grads_and_vars, strict=True)], anywhere
+
+    def _reduced_dense(self, dense_grads: list, common: dict) -> list:
+        """The dense gradients all-reduced in buckets, by the tuner's setting where it tunes, else as set."""
+
+        def reduce_dense(tensors, setting: tuning.Setting, keys):
+            return all_reduce_mean(
+                tensors,
+                self.group_size,
+                setting.bucket_bytes,
+                max_subdivs=setting.max_subdivs,
+                **{**common, "instance_keys": keys},
+            )
+
+        if self.tuner is not None:
+            return self.tuner.reduce(dense_grads, reduce_dense, self._keys, self.step_in_run == 0)
+        return reduce_dense(dense_grads, tuning.Setting(self.bucket_bytes, self.max_subdivs), self._keys)
 
     @property
     def votes_on_preemption(self) -> bool:

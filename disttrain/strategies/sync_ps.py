@@ -584,19 +584,26 @@ class _Aggregator(v1.train.SessionRunHook):
                 log.warning("sync aggregator stopped: %s: %s", type(e).__name__, _what_failed(e))
                 coord.request_stop(e)
         finally:
-            # Not the end of training: every replica waiting at its token (counted or not yet) is
-            # released, so that its step returns and its session sees the stop (a lost PS: the
-            # session is recovered); each redoes its step with fresh values and reports to the
-            # next aggregator. A spare token is drained when a session is created (_DrainOwnTokens).
-            if not self._closing:
-                try:
-                    session.run(ops.release, options=v1.RunOptions(timeout_in_ms=_CALL_MS))
-                    self._release_the_rest_of_the_run(session)
-                except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
-                    log.warning("could not release the waiting replicas: %s", str(e).splitlines()[0])
-            log.info(
-                "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
-                self.steps,
-                ", ".join(map(str, self.contributions)),
-                self.stale,
-            )
+            self._leave(session)
+
+    def _leave(self, session) -> None:
+        """As the aggregator stops: the waiting replicas released, unless the queues close; its counts said.
+
+        Not the end of training: every replica waiting at its token (counted or
+        not yet) is released, so that its step returns and its session sees the
+        stop (a lost PS: the session is recovered); each redoes its step with
+        fresh values and reports to the next aggregator. A spare token is
+        drained when a session is created (_DrainOwnTokens).
+        """
+        if not self._closing:
+            try:
+                session.run(self._ops.release, options=v1.RunOptions(timeout_in_ms=_CALL_MS))
+                self._release_the_rest_of_the_run(session)
+            except Exception as e:  # noqa: BLE001 - best effort: the session may be gone
+                log.warning("could not release the waiting replicas: %s", str(e).splitlines()[0])
+        log.info(
+            "sync aggregator: %d steps closed, per replica [%s], %d stale reports dropped",
+            self.steps,
+            ", ".join(map(str, self.contributions)),
+            self.stale,
+        )
