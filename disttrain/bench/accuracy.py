@@ -294,33 +294,11 @@ def train_process(
     model = spec.model()
     batch = spec.batch_size * batch_scale
     per_update = accumulate_steps * batch_scale  # task batches per replica per update
-
     started = os.path.join(logdir, CLOCK_FILE)
-    pipelines = {}  # one per graph and pipeline: the loss is built once per micro-batch and step
-
-    def loss_fn(ctx):
-        # The same initial weights for every system at a seed; the shuffles below (op seeds by
-        # pipeline) take the graph seed too, so another seed is another data order.
-        v1.set_random_seed(seed)
-        key = (v1.get_default_graph(), ctx.input_pipeline_id)
-        if key not in pipelines:
-            data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
-            data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
-            data = data.repeat().batch(batch, drop_remainder=True)
-            if not disttrain.Cluster.from_env().is_chief:
-                data = _after_the_chiefs_first_step(data, started, steps_per_run * accumulate_steps)
-            pipelines[key] = data
-        features, labels = ctx.get_next(pipelines[key])
-        return model.loss(model(features, training=True), labels)
-
+    loss_fn = _loss_fn(model, train_x, train_y, batch, seed, started, steps_per_run * accumulate_steps)
     per_step = examples_per_step(how, workers, spec.batch_size, per_update)
-    rate, momentum = rate_and_momentum(spec, how, workers, per_update)
-    warmup = warmup_steps(spec, how, workers, per_update)
     steps = max(1, examples // per_step)
-    if spec.decays:
-        rate = schedules.Cosine(rate, warmup=warmup, total=steps)
-    elif warmup:
-        rate = schedules.Constant(rate, warmup=warmup)
+    rate, momentum = _scheduled_rate(spec, how, workers, per_update, steps)
     hook = HeldOutHook(model, held_x, held_y, eval_every_steps, per_step, os.path.join(logdir, HELD_OUT_FILE))
     disttrain.fit(
         loss_fn,
@@ -338,6 +316,43 @@ def train_process(
         steps_per_run=steps_per_run,
         accumulate_steps=accumulate_steps,
     )
+
+
+def _loss_fn(
+    model, train_x: np.ndarray, train_y: np.ndarray, batch: int, seed: int, started: str, first_run: int
+) -> Callable:
+    """The loss fit calls per micro-batch and step, on a pipeline built once per graph and pipeline."""
+    pipelines = {}  # one per graph and pipeline: the loss is built once per micro-batch and step
+
+    def loss_fn(ctx):
+        # The same initial weights for every system at a seed; the shuffles below (op seeds by
+        # pipeline) take the graph seed too, so another seed is another data order.
+        v1.set_random_seed(seed)
+        key = (v1.get_default_graph(), ctx.input_pipeline_id)
+        if key not in pipelines:
+            data = ctx.shard(tf.data.Dataset.from_tensor_slices((train_x, train_y)))
+            data = data.shuffle(len(train_y), seed=ctx.input_pipeline_id, reshuffle_each_iteration=True)
+            data = data.repeat().batch(batch, drop_remainder=True)
+            if not disttrain.Cluster.from_env().is_chief:
+                data = _after_the_chiefs_first_step(data, started, first_run)
+            pipelines[key] = data
+        features, labels = ctx.get_next(pipelines[key])
+        return model.loss(model(features, training=True), labels)
+
+    return loss_fn
+
+
+def _scheduled_rate(
+    task: Task, system: System, workers: int, per_update: int, steps: int
+) -> tuple[float | schedules.Schedule, float]:
+    """(the rate, as a schedule if it warms up or decays over `steps`, the momentum) `system` trains with."""
+    rate, momentum = rate_and_momentum(task, system, workers, per_update)
+    warmup = warmup_steps(task, system, workers, per_update)
+    if task.decays:
+        return schedules.Cosine(rate, warmup=warmup, total=steps), momentum
+    if warmup:
+        return schedules.Constant(rate, warmup=warmup), momentum
+    return rate, momentum
 
 
 def _after_the_chiefs_first_step(data: tf.data.Dataset, started: str, first_run: int = 1) -> tf.data.Dataset:

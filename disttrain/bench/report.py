@@ -163,49 +163,10 @@ def plot(report: dict, path: str) -> str | None:
     batch = cfg["batch_size"]
     ref = (report.get("reference") or {}).get("steps_per_sec")
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series: dict[tuple, list] = {}
-    bounds: dict[tuple, list] = {}
-    for run in report["runs"]:
-        key = (run["system"], run["strategy"], run["ps"], run["layout"])
-        if run.get("counted_steps_per_sec") is not None:
-            series.setdefault(key, []).append((run["workers"], run["counted_steps_per_sec"] * batch))
-        if run.get("bound_steps_per_sec") is not None:
-            bounds.setdefault((run["ps"], run["layout"]), []).append(
-                (run["workers"], run["bound_steps_per_sec"] * batch)
-            )
-    for (system, strategy, ps, layout), points in sorted(series.items()):
-        xs, ys = zip(*sorted(points), strict=True)
-        name = f"{system} ({strategy}" + (f", {ps} PS {layout})" if ps else ", all-reduce)")
-        ax.plot(xs, ys, marker="o", label=name)
-    for (ps, layout), points in sorted(bounds.items()):
-        xs, ys = zip(*sorted(set(points)), strict=True)
-        ax.plot(
-            xs,
-            ys,
-            linestyle=":",
-            marker="_",
-            markersize=14,
-            color="grey",
-            label=f"bound ({ps} PS {layout})" if ps else "bound (ring)",
-        )
+    series, bounds = _plotted_points(report["runs"], batch)
     workers = sorted({r["workers"] for r in report["runs"]})
-    if ref and workers:
-        ax.plot(
-            workers,
-            [n * ref * batch for n in workers],
-            linestyle="--",
-            marker="_",
-            markersize=14,
-            color="black",
-            label="ideal: N x one process",
-        )
-    link = f", {cfg['link_mbit']:g} Mbit/s" if cfg.get("link_mbit") else ""
-    rows = (
-        f", D {cfg['dense_bytes'] / 1e6:.1f} MB + R {cfg['sparse_bytes_per_step'] / 1e6:.2f} MB/step"
-        if cfg.get("sparse_bytes_per_step")
-        else ""
-    )
-    ax.set_title(f"{cfg['model']} batch {batch}, {cfg['network']}{link}{rows}")
+    _draw_lines(ax, series, bounds, workers, ref, batch)
+    ax.set_title(_plot_title(cfg))
     ax.set_xlabel("workers")
     ax.set_ylabel("examples/s (async: N x slowest worker)")
     ax.set_xticks(workers or [1])
@@ -225,3 +186,58 @@ def plot(report: dict, path: str) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def _plotted_points(runs: list[dict], batch: int) -> tuple[dict[tuple, list], dict[tuple, list]]:
+    """(workers, examples/s) counted per (system, strategy, PS, layout), and bound per (PS, layout)."""
+    series: dict[tuple, list] = {}
+    bounds: dict[tuple, list] = {}
+    for run in runs:
+        key = (run["system"], run["strategy"], run["ps"], run["layout"])
+        if run.get("counted_steps_per_sec") is not None:
+            series.setdefault(key, []).append((run["workers"], run["counted_steps_per_sec"] * batch))
+        if run.get("bound_steps_per_sec") is not None:
+            bounds.setdefault((run["ps"], run["layout"]), []).append(
+                (run["workers"], run["bound_steps_per_sec"] * batch)
+            )
+    return series, bounds
+
+
+def _draw_lines(ax, series: dict, bounds: dict, workers: list[int], ref: float | None, batch: int) -> None:
+    """Draw on `ax` the measured lines, the bounds and, with a reference rate `ref`, the ideal."""
+    for (system, strategy, ps, layout), points in sorted(series.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        name = f"{system} ({strategy}" + (f", {ps} PS {layout})" if ps else ", all-reduce)")
+        ax.plot(xs, ys, marker="o", label=name)
+    for (ps, layout), points in sorted(bounds.items()):
+        xs, ys = zip(*sorted(set(points)), strict=True)
+        ax.plot(
+            xs,
+            ys,
+            linestyle=":",
+            marker="_",
+            markersize=14,
+            color="grey",
+            label=f"bound ({ps} PS {layout})" if ps else "bound (ring)",
+        )
+    if ref and workers:
+        ax.plot(
+            workers,
+            [n * ref * batch for n in workers],
+            linestyle="--",
+            marker="_",
+            markersize=14,
+            color="black",
+            label="ideal: N x one process",
+        )
+
+
+def _plot_title(cfg: dict) -> str:
+    """The plot's title: model, batch, network and link, and D + R for a model with tables."""
+    link = f", {cfg['link_mbit']:g} Mbit/s" if cfg.get("link_mbit") else ""
+    rows = (
+        f", D {cfg['dense_bytes'] / 1e6:.1f} MB + R {cfg['sparse_bytes_per_step'] / 1e6:.2f} MB/step"
+        if cfg.get("sparse_bytes_per_step")
+        else ""
+    )
+    return f"{cfg['model']} batch {cfg['batch_size']}, {cfg['network']}{link}{rows}"

@@ -555,6 +555,7 @@ class Benchmark:
         """A run's row: layout, placement and bound, and the quietest of its measurements."""
         c = self.config
         sizes, batch = self._sent_bytes(spec), self._model["batch"]
+        link_mbit = c.link_mbit if c.network == EMULATED else None
         best = _quietest(measured)
         loads = best.get("ps_loads", loads)  # a TF 2 peer reports where it put its variables
         row = {
@@ -565,7 +566,7 @@ class Benchmark:
             "layout": spec.layout,
             "workers": spec.workers,
             "ps": spec.ps,
-            "link_mbit": c.link_mbit if c.network == EMULATED else None,
+            "link_mbit": link_mbit,
             "batch_size": batch,
             "ps_loads": loads,
             "ps_load_max_over_mean": placement.max_over_mean(loads) if loads else None,
@@ -575,75 +576,97 @@ class Benchmark:
         if "skipped" in best:
             row["skipped"] = best["skipped"]
             return row
-        per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
-        ring = spec.kind.dense_over_ring
-        loads_per_round = traffic.link_loads(
-            spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse, ring
-        )
-        row["expected_busiest_link_bytes_per_step"] = (
-            max(x.bytes_per_round for x in loads_per_round) / per_round
-        )
-        row["expected_min_link_bytes_per_step"] = min(x.bytes_per_round for x in loads_per_round) / per_round
+        row.update(_expected_link_fields(spec, sizes))
         if ref:
-            link_rate = bound_lib.link_rate_bytes(c.link_mbit if c.network == EMULATED else None)
-            b = bound_lib.bound(
-                spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse, ring
-            )
-            row.update(
-                bound_steps_per_sec=b.steps_per_sec,
-                bound_limited_by=b.limited_by,
-                bound_comm_time_per_round=b.comm_time,
-                ideal_steps_per_sec=spec.workers * ref,
-            )
+            row.update(_bound_fields(spec, sizes, link_mbit, ref))
         row["logdir"] = best.get("logdir")
         if len(measured) > 1:
             row["repeats"] = [_brief(x, batch) for x in measured]
         if "error" in best:
             row["error"] = best["error"]
             return row
-        m, roles = best["measurement"], best["roles"]
-        peaks = [r.get("peak_memory_mb", 0.0) for r in launch.read_results(best["logdir"]).values()]
-        row["worker_peak_memory_mb"] = max(peaks) if peaks else None  # what a replica holds
-        per_worker = list(m.steps_per_sec.values())
-        steps = m.cluster_examples_per_sec / batch
-        # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.
-        counted = steps if spec.kind.synchronous else metrics.async_throughput(per_worker)
-        links = m.link_bytes_per_step()
-        row.update(
-            steps_per_sec=steps,
-            global_steps_per_sec=m.global_steps_per_sec,
-            examples_per_sec=m.cluster_examples_per_sec,
-            per_worker_steps_per_sec=per_worker,
-            per_worker_examples_per_sec=[r * batch for r in per_worker],
-            min_worker_steps_per_sec=min(per_worker),
-            counted_steps_per_sec=counted,
-            counted_examples_per_sec=counted * batch,
-            scaling_efficiency=metrics.scaling_efficiency(counted, spec.workers, ref) if ref else None,
-            efficiency_vs_bound=(
-                bound_lib.efficiency(counted, row["bound_steps_per_sec"])
-                if "bound_steps_per_sec" in row
-                else None
-            ),
-            busiest_link_bytes_per_step=max(max(x) for x in links) if links else None,
-            min_link_bytes_per_step=min(max(x) for x in links) if links else None,
-            link_bytes_per_step=(
-                [
-                    {"host": h, "tasks": r, "sent": s, "received": rcv}
-                    for h, (r, (s, rcv)) in enumerate(zip(roles, links, strict=True))
-                ]
-                if links
-                else None
-            ),
-            cpu_seconds_per_step=m.cpu_seconds_per_step(),
-            other_busy_cores=best["other_busy_cores"],
-            window_seconds=m.window_seconds,
-            window_global_steps=m.window_global_steps,
-            measured_intervals=dict(m.intervals),
-            first_loss=m.first_loss,
-            max_loss=m.max_loss,
-            diverged=m.diverged,
-        )
+        row["worker_peak_memory_mb"] = _peak_memory_mb(best["logdir"])
+        row.update(_measured_fields(spec, best, batch, ref, row.get("bound_steps_per_sec")))
         return row
+
+
+def _expected_link_fields(spec: RunSpec, sizes: traffic.ModelBytes) -> dict:
+    """The bytes per global step the busiest and the least busy link should carry (exp MB/st)."""
+    per_round = bound_lib.global_steps_per_round(spec.workers, spec.kind.synchronous)
+    loads_per_round = traffic.link_loads(
+        spec.layout, sizes.dense, spec.workers, spec.ps, sizes.sparse, spec.kind.dense_over_ring
+    )
+    return {
+        "expected_busiest_link_bytes_per_step": max(x.bytes_per_round for x in loads_per_round) / per_round,
+        "expected_min_link_bytes_per_step": min(x.bytes_per_round for x in loads_per_round) / per_round,
+    }
+
+
+def _bound_fields(spec: RunSpec, sizes: traffic.ModelBytes, link_mbit: float | None, ref: float) -> dict:
+    """The bound (bench.bound) for the reference's step time `1 / ref`, and the ideal N x `ref`."""
+    link_rate = bound_lib.link_rate_bytes(link_mbit)
+    ring = spec.kind.dense_over_ring
+    b = bound_lib.bound(
+        spec.layout, sizes.dense, spec.workers, spec.ps, link_rate, 1.0 / ref, sizes.sparse, ring
+    )
+    return {
+        "bound_steps_per_sec": b.steps_per_sec,
+        "bound_limited_by": b.limited_by,
+        "bound_comm_time_per_round": b.comm_time,
+        "ideal_steps_per_sec": spec.workers * ref,
+    }
+
+
+def _peak_memory_mb(logdir: str) -> float | None:
+    """The largest peak memory of the run's tasks (what a replica holds), None if none reported one."""
+    peaks = [r.get("peak_memory_mb", 0.0) for r in launch.read_results(logdir).values()]
+    return max(peaks) if peaks else None
+
+
+def _measured_fields(spec: RunSpec, best: dict, batch: int, ref: float | None, bound: float | None) -> dict:
+    """The row's measured figures: rates, counted throughput against ideal and `bound`, links, CPU, loss."""
+    m = best["measurement"]
+    per_worker = list(m.steps_per_sec.values())
+    steps = m.cluster_examples_per_sec / batch
+    # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.
+    counted = steps if spec.kind.synchronous else metrics.async_throughput(per_worker)
+    return {
+        "steps_per_sec": steps,
+        "global_steps_per_sec": m.global_steps_per_sec,
+        "examples_per_sec": m.cluster_examples_per_sec,
+        "per_worker_steps_per_sec": per_worker,
+        "per_worker_examples_per_sec": [r * batch for r in per_worker],
+        "min_worker_steps_per_sec": min(per_worker),
+        "counted_steps_per_sec": counted,
+        "counted_examples_per_sec": counted * batch,
+        "scaling_efficiency": metrics.scaling_efficiency(counted, spec.workers, ref) if ref else None,
+        "efficiency_vs_bound": bound_lib.efficiency(counted, bound) if bound is not None else None,
+        **_measured_link_fields(m.link_bytes_per_step(), best["roles"]),
+        "cpu_seconds_per_step": m.cpu_seconds_per_step(),
+        "other_busy_cores": best["other_busy_cores"],
+        "window_seconds": m.window_seconds,
+        "window_global_steps": m.window_global_steps,
+        "measured_intervals": dict(m.intervals),
+        "first_loss": m.first_loss,
+        "max_loss": m.max_loss,
+        "diverged": m.diverged,
+    }
+
+
+def _measured_link_fields(links: list[tuple[float, float]] | None, roles: list[str] | None) -> dict:
+    """The busiest and least busy host's measured bytes per step, and each host's (None without counters)."""
+    return {
+        "busiest_link_bytes_per_step": max(max(x) for x in links) if links else None,
+        "min_link_bytes_per_step": min(max(x) for x in links) if links else None,
+        "link_bytes_per_step": (
+            [
+                {"host": h, "tasks": r, "sent": s, "received": rcv}
+                for h, (r, (s, rcv)) in enumerate(zip(roles, links, strict=True))
+            ]
+            if links
+            else None
+        ),
+    }
 
 
 def _lookup_fields(sizes: traffic.ModelBytes) -> dict:

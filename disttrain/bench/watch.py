@@ -132,31 +132,16 @@ def watch(
     with local.interrupt_between_ticks() as interrupted:  # Ctrl-C: see local.interrupt_between_ticks
         while not interrupted():
             for r, follower in followers.items():
-                for line in follower.new_lines():
-                    parsed = measure_lib.parse_line(line)
-                    if parsed is None:
-                        continue
-                    del parsed["task"]
-                    if r == chief:
-                        parsed["cpu_seconds"] = _counters(procs)
-                        if link_bytes is not None:
-                            parsed["link_bytes"] = link_bytes()
-                    samples[r].append(measure_lib.Sample(t=time.monotonic(), **parsed))
+                samples[r] += _new_samples(follower, procs, r == chief, link_bytes)
             result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
             if result is not None:
                 why = measure_lib.trained_nothing(samples, result.t_start, every_n)
                 if why is not None:
                     raise RunFailed(f"{why}\nlogs in {os.path.dirname(procs[0].log_path)}")
                 return result
-            for p in procs:
-                code = p.proc.poll()
-                if code is not None:
-                    tail = log_tail(p.log_path, 40)
-                    why = exit_reason(tail)
-                    raise RunFailed(
-                        f"{p.name} exited with code {code} before the measurement ended: {why}\n"
-                        f"log {p.log_path}:\n" + "\n".join(tail.splitlines()[-6:])
-                    )
+            exited = _exit_failure(procs)
+            if exited is not None:
+                raise RunFailed(exited)
             now = time.monotonic()
             if now - start > timeout:
                 raise RunFailed(
@@ -169,6 +154,38 @@ def watch(
                 progress(f"steps per replica {done} (need >= {(warmup + measure) * every_n})")
             time.sleep(_POLL_SECS)
         raise KeyboardInterrupt
+
+
+def _new_samples(
+    follower: local.LogFollower, procs: list[Proc], counters: bool, link_bytes: Callable[[], tuple] | None
+) -> list[measure_lib.Sample]:
+    """Samples of a replica's new throughput lines; with `counters` (the chief), CPU and link counters too."""
+    found = []
+    for line in follower.new_lines():
+        parsed = measure_lib.parse_line(line)
+        if parsed is None:
+            continue
+        del parsed["task"]
+        if counters:
+            parsed["cpu_seconds"] = _counters(procs)
+            if link_bytes is not None:
+                parsed["link_bytes"] = link_bytes()
+        found.append(measure_lib.Sample(t=time.monotonic(), **parsed))
+    return found
+
+
+def _exit_failure(procs: list[Proc]) -> str | None:
+    """Why the run failed if one of `procs` has exited: its name, exit code, reason and the end of its log."""
+    for p in procs:
+        code = p.proc.poll()
+        if code is not None:
+            tail = log_tail(p.log_path, 40)
+            why = exit_reason(tail)
+            return (
+                f"{p.name} exited with code {code} before the measurement ended: {why}\n"
+                f"log {p.log_path}:\n" + "\n".join(tail.splitlines()[-6:])
+            )
+    return None
 
 
 def wait_until_quiet(

@@ -37,65 +37,87 @@ class Change:
 
 def _variations(model: cost.Model, shape: cost.Shape, strategy: cost.Strategy):
     """(description, model, shape, strategy) for each one-step change that makes sense here."""
-    rep = dataclasses.replace
-    s, k = shape, strategy
-    if k.uses_ps:
-        for ps in sorted({max(1, s.ps // 2), s.ps * 2, s.hosts}):
-            if ps != s.ps and not (s.ps_hosts == cost.COLOCATED and ps > s.hosts * s.workers_per_host):
-                yield f"{ps} PS instead of {s.ps}", model, rep(s, ps=ps), k
-        if s.ps_hosts == cost.DEDICATED:
-            yield "PS colocated on the worker hosts", model, rep(s, ps_hosts=cost.COLOCATED), k
-        else:
-            yield (
-                f"PS on {s.ps} dedicated hosts of their own (+{s.ps} hosts)",
-                model,
-                rep(s, ps_hosts=cost.DEDICATED),
-                k,
-            )
-        if k.placement != cost.DISTTRAIN:
-            named = "round robin" if k.placement == cost.ROUND_ROBIN else "greedy by bytes"
-            yield f"disttrain's placement instead of {named}", model, s, rep(k, placement=cost.DISTTRAIN)
-        yield (
-            "all-reduce instead of PS",
-            model,
-            rep(s, ps=0),
-            cost.Strategy(cost.ALLREDUCE, transfer_bits=k.transfer_bits),
-        )
-        if k.kind == cost.SYNC_PS:
-            yield (
-                "async PS with overlap instead of sync PS",
-                model,
-                s,
-                rep(k, kind=cost.ASYNC_PS, overlap=True),
-            )
-        if k.kind == cost.ASYNC_PS and not k.overlap:
-            yield "async PS with overlap=True", model, s, rep(k, overlap=True)
-        if k.kind == cost.HYBRID:
-            yield "sync PS for the dense layers too, instead of the ring", model, s, rep(k, kind=cost.SYNC_PS)
-            yield from _bucket_sizes(model, s, k)
-        elif model.sparse_bytes and k.synchronous:
-            yield (
-                "the hybrid: tables on the PS, the dense layers over a ring",
-                model,
-                s,
-                cost.Strategy(cost.HYBRID, transfer_bits=k.transfer_bits, transport=k.transport),
-            )
+    if strategy.uses_ps:
+        yield from _ps_layout_variations(model, shape, strategy)
+        yield from _ps_strategy_variations(model, shape, strategy)
     else:
-        yield from _bucket_sizes(model, s, k)
-        ps = s.hosts
-        if model.sparse_bytes and (k.transport is None or k.transport.name == cost.GRPC):
-            yield (
-                f"the hybrid: tables on {ps} PS colocated, the dense layers over the ring",
-                model,
-                rep(s, ps=ps, ps_hosts=cost.COLOCATED),
-                cost.Strategy(cost.HYBRID, bucket_bytes=k.bucket_bytes, transfer_bits=k.transfer_bits),
-            )
+        yield from _ring_variations(model, shape, strategy)
+    yield from _common_variations(model, shape, strategy)
+
+
+def _ps_layout_variations(model: cost.Model, s: cost.Shape, k: cost.Strategy):
+    """A PS strategy's layout changes: half, twice or one PS per host, their hosts, disttrain's placement."""
+    rep = dataclasses.replace
+    for ps in sorted({max(1, s.ps // 2), s.ps * 2, s.hosts}):
+        if ps != s.ps and not (s.ps_hosts == cost.COLOCATED and ps > s.hosts * s.workers_per_host):
+            yield f"{ps} PS instead of {s.ps}", model, rep(s, ps=ps), k
+    if s.ps_hosts == cost.DEDICATED:
+        yield "PS colocated on the worker hosts", model, rep(s, ps_hosts=cost.COLOCATED), k
+    else:
         yield (
-            f"async PS with overlap, {ps} PS colocated, instead of all-reduce",
+            f"PS on {s.ps} dedicated hosts of their own (+{s.ps} hosts)",
+            model,
+            rep(s, ps_hosts=cost.DEDICATED),
+            k,
+        )
+    if k.placement != cost.DISTTRAIN:
+        named = "round robin" if k.placement == cost.ROUND_ROBIN else "greedy by bytes"
+        yield f"disttrain's placement instead of {named}", model, s, rep(k, placement=cost.DISTTRAIN)
+
+
+def _ps_strategy_variations(model: cost.Model, s: cost.Shape, k: cost.Strategy):
+    """The PS strategy's changes of strategy: all-reduce, async with overlap, the hybrid or away from it."""
+    rep = dataclasses.replace
+    yield (
+        "all-reduce instead of PS",
+        model,
+        rep(s, ps=0),
+        cost.Strategy(cost.ALLREDUCE, transfer_bits=k.transfer_bits),
+    )
+    if k.kind == cost.SYNC_PS:
+        yield (
+            "async PS with overlap instead of sync PS",
+            model,
+            s,
+            rep(k, kind=cost.ASYNC_PS, overlap=True),
+        )
+    if k.kind == cost.ASYNC_PS and not k.overlap:
+        yield "async PS with overlap=True", model, s, rep(k, overlap=True)
+    if k.kind == cost.HYBRID:
+        yield "sync PS for the dense layers too, instead of the ring", model, s, rep(k, kind=cost.SYNC_PS)
+        yield from _bucket_sizes(model, s, k)
+    elif model.sparse_bytes and k.synchronous:
+        yield (
+            "the hybrid: tables on the PS, the dense layers over a ring",
+            model,
+            s,
+            cost.Strategy(cost.HYBRID, transfer_bits=k.transfer_bits, transport=k.transport),
+        )
+
+
+def _ring_variations(model: cost.Model, s: cost.Shape, k: cost.Strategy):
+    """All-reduce's changes: its bucket sizes, the hybrid (tables on PS), async PS with overlap."""
+    rep = dataclasses.replace
+    yield from _bucket_sizes(model, s, k)
+    ps = s.hosts
+    if model.sparse_bytes and (k.transport is None or k.transport.name == cost.GRPC):
+        yield (
+            f"the hybrid: tables on {ps} PS colocated, the dense layers over the ring",
             model,
             rep(s, ps=ps, ps_hosts=cost.COLOCATED),
-            cost.Strategy(cost.ASYNC_PS, overlap=True),
+            cost.Strategy(cost.HYBRID, bucket_bytes=k.bucket_bytes, transfer_bits=k.transfer_bits),
         )
+    yield (
+        f"async PS with overlap, {ps} PS colocated, instead of all-reduce",
+        model,
+        rep(s, ps=ps, ps_hosts=cost.COLOCATED),
+        cost.Strategy(cost.ASYNC_PS, overlap=True),
+    )
+
+
+def _common_variations(model: cost.Model, s: cost.Shape, k: cost.Strategy):
+    """The changes open to any strategy: towers instead of a worker per GPU, 16-bit transfer, the batch."""
+    rep = dataclasses.replace
     if not s.towers and s.gpus_per_host > 1:
         ps = min(s.ps, s.hosts) if s.ps_hosts == cost.COLOCATED else s.ps
         yield (

@@ -639,65 +639,29 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
     dense, rows = (b * width for b in moved_bytes(model, strategy))
     rate = math.inf if shape.link_gbit is None else shape.link_gbit * 1e9 / 8 * c.goodput
     host = _host_time(shape, strategy, dense)
-    layout = None
-    if strategy.kind == HYBRID:
-        t, layout = _hybrid_traffic(model, shape, strategy, c, dense, rows)
-    elif strategy.uses_ps:
-        t, layout = _ps_traffic(model, shape, strategy, c, dense, rows)
-    else:
-        t = _ring_traffic(shape, strategy, dense, rows, model.tensors)
+    t, layout = _traffic(model, shape, strategy, c, dense, rows)
     _, _, roles = _hosts(shape)
     compute = model.step_time
-    # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.
-    # On one host the ring never leaves it: the bus alone.
-    bus = shape.host_bus
-    flat_ring = not strategy.uses_ps and not shape.towers and bus is not None and shape.gpus_per_host > 1
-    ring_rate = (bus.busbw if shape.hosts == 1 else min(rate, bus.busbw)) if flat_ring else rate
-    link_time = [b / ring_rate for b in t.link]
+    link_time = _link_times(shape, strategy, t, rate)
     busiest = max(range(len(t.link)), key=lambda h: t.link[h])
     terms = {"compute": compute, "busiest link": link_time[busiest]}
     if host:
         terms["host bus"] = host
-
-    # gRPC's CPU: every byte at both ends (a link byte once here, a local byte twice), every message.
-    cpu = [
-        c.rpc_cpu_s_per_byte * (2 * lb + 4 * lo) + c.per_message_s * m
-        for lb, lo, m in zip(t.link, t.local, t.messages, strict=True)
-    ]
-    if shape.host_cores is not None:
-        terms["host CPU"] = max(cpu) / shape.host_cores
-    if c.ps_cores is not None and t.ps_work:
-        terms["PS CPU"] = max(t.ps_work) / c.ps_cores
-    if shape.shared_cores is not None:
-        per_step = model.compute_cpu if model.compute_cpu is not None else compute
-        compute_cpu = shape.workers * shape.towers_per_worker * per_step if shape.compute_on_cpu else 0.0
-        terms["machine CPU"] = (sum(cpu) + compute_cpu) / shape.shared_cores
+    cpu = _rpc_cpu(c, t)
+    terms.update(_cpu_terms(model, shape, c, t, cpu))
 
     # A worker's own end of its transfers steals from a compute thread on the same cores.
     steal = c.rpc_cpu_s_per_byte * 2 * t.remote if shape.compute_on_cpu else 0.0
-    path, latency = _worker_path(
-        strategy,
-        c,
-        t,
-        compute,
-        link_time,
-        rate,
-        shape.latency_ms / 1e3,
-        steal,
-        terms.get("PS CPU", 0.0),
-        host,
-    )
+    ps_cpu, one_way = terms.get("PS CPU", 0.0), shape.latency_ms / 1e3
+    path, latency = _worker_path(strategy, c, t, compute, link_time, rate, one_way, steal, ps_cpu, host)
     terms["worker path"] = path
     terms["latency in path"] = latency
-    ps_bound = strategy.kind == SYNC_PS and terms.get("PS CPU", 0.0) / 2 > t.phase / rate
+    ps_bound = strategy.kind == SYNC_PS and ps_cpu / 2 > t.phase / rate
 
     round_time = max(v for k, v in terms.items() if k != "latency in path")
     replicas = shape.workers * shape.towers_per_worker
-    counted = replicas - (
-        strategy.backup_workers * shape.towers_per_worker if strategy.kind == SYNC_PS else 0
-    )
-    steps = counted / round_time
-    named = bus.name if bus else ""
+    steps = (replicas - _backup_replicas(shape, strategy)) / round_time
+    named = shape.host_bus.name if shape.host_bus else ""
     where = _Where(roles, busiest, cpu, t.ps_work, ps_bound, shape.shared_cores, named, shape.gpus_per_host)
     return Prediction(
         shape=shape,
@@ -712,6 +676,55 @@ def predict(model: Model, shape: Shape, strategy: Strategy, constants: Constants
         efficiency=steps * compute / replicas,
         bottleneck=_bottleneck(terms, round_time, where),
     )
+
+
+def _traffic(
+    model: Model, shape: Shape, strategy: Strategy, c: Constants, dense: float, rows: float
+) -> tuple[Traffic, PsLayout | None]:
+    """The round's traffic under `strategy`, and the PS layout of its variables (None for a ring)."""
+    if strategy.kind == HYBRID:
+        return _hybrid_traffic(model, shape, strategy, c, dense, rows)
+    if strategy.uses_ps:
+        return _ps_traffic(model, shape, strategy, c, dense, rows)
+    return _ring_traffic(shape, strategy, dense, rows, model.tensors), None
+
+
+def _link_times(shape: Shape, strategy: Strategy, t: Traffic, rate: float) -> list[float]:
+    """Seconds per round each host's link needs at `rate` (a flat ring's: at its link's or bus's pace)."""
+    # A ring through every GPU of a host crosses its bus as often as its link: the slower one paces it.
+    # On one host the ring never leaves it: the bus alone.
+    bus = shape.host_bus
+    flat_ring = not strategy.uses_ps and not shape.towers and bus is not None and shape.gpus_per_host > 1
+    ring_rate = (bus.busbw if shape.hosts == 1 else min(rate, bus.busbw)) if flat_ring else rate
+    return [b / ring_rate for b in t.link]
+
+
+def _rpc_cpu(c: Constants, t: Traffic) -> list[float]:
+    """gRPC's CPU seconds per round on each host: every byte at both ends, every message."""
+    # A link byte once here, a local byte twice.
+    return [
+        c.rpc_cpu_s_per_byte * (2 * lb + 4 * lo) + c.per_message_s * m
+        for lb, lo, m in zip(t.link, t.local, t.messages, strict=True)
+    ]
+
+
+def _cpu_terms(model: Model, shape: Shape, c: Constants, t: Traffic, cpu: list[float]) -> dict[str, float]:
+    """The CPU terms whose cores are known: the busiest host's, the busiest PS's, the shared machine's."""
+    terms: dict[str, float] = {}
+    if shape.host_cores is not None:
+        terms["host CPU"] = max(cpu) / shape.host_cores
+    if c.ps_cores is not None and t.ps_work:
+        terms["PS CPU"] = max(t.ps_work) / c.ps_cores
+    if shape.shared_cores is not None:
+        per_step = model.compute_cpu if model.compute_cpu is not None else model.step_time
+        compute_cpu = shape.workers * shape.towers_per_worker * per_step if shape.compute_on_cpu else 0.0
+        terms["machine CPU"] = (sum(cpu) + compute_cpu) / shape.shared_cores
+    return terms
+
+
+def _backup_replicas(shape: Shape, strategy: Strategy) -> int:
+    """The replicas of sync PS's backup workers, whose steps a round does not count (0 for the others)."""
+    return strategy.backup_workers * shape.towers_per_worker if strategy.kind == SYNC_PS else 0
 
 
 @dataclasses.dataclass(frozen=True)
