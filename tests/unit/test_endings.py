@@ -28,8 +28,9 @@ def _modules() -> dict[str, list]:
     found: dict[str, list] = {}
     root = os.path.dirname(disttrain.__file__)
     for info in pkgutil.walk_packages([root], "disttrain."):
-        if info.name.startswith(("disttrain.scripts", "disttrain.bench", "disttrain.plan", "disttrain._moved")):
-            continue  # the console's flags and the analysis tools: no task ends there
+        skipped = ("disttrain.scripts", "disttrain.bench", "disttrain.plan", "disttrain._moved")
+        if info.name.startswith(skipped):  # the console's flags and the analysis tools: no task ends there
+            continue
         found.setdefault(info.name.rpartition(".")[2], []).append(importlib.import_module(info.name))
     return found
 
@@ -50,7 +51,8 @@ def _resolves(name: str, modules: dict[str, list]) -> bool:
 
 
 def _names() -> list[str]:
-    return sorted({n for e in endings.ENDINGS for cell in (e.decides, e.peers_learn) for n in _CODE.findall(cell)})
+    cells = [cell for e in endings.ENDINGS for cell in (e.decides, e.peers_learn)]
+    return sorted({name for cell in cells for name in _CODE.findall(cell)})
 
 
 def test_every_code_name_in_the_table_exists():
