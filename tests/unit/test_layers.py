@@ -102,30 +102,37 @@ def _path_of_module(name: str) -> str | None:
     return None
 
 
-def imported_files(path: str) -> list[tuple[int, str]]:
-    """(line, file) of each disttrain or model_zoo module imported (`from disttrain import fit`: the API)."""
+def _imports(path: str) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in the file; `from a.b import c` is a.b.c if that is a module."""
     with open(os.path.join(REPO, path), encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from a.b import c`: c is a module of a.b, or a name in a.b.
-            names = [
-                f"{node.module}.{a.name}" if _path_of_module(f"{node.module}.{a.name}") else node.module
+            out += [
+                (
+                    node.lineno,
+                    f"{node.module}.{a.name}" if _path_of_module(f"{node.module}.{a.name}") else node.module,
+                )
                 for a in node.names
             ]
-        else:
+    return out
+
+
+def imported_files(path: str) -> list[tuple[int, str]]:
+    """(line, file) of each disttrain or model_zoo module imported (`from disttrain import fit`: the API)."""
+    out = []
+    for line, name in _imports(path):
+        if name.split(".")[0] not in ("disttrain", "model_zoo"):
             continue
-        for name in names:
-            if name.split(".")[0] in ("disttrain", "model_zoo"):
-                target = _path_of_module(name)
-                while target is None and "." in name:
-                    name = name.rpartition(".")[0]
-                    target = _path_of_module(name)
-                if target is not None:
-                    out.append((node.lineno, target))
+        target = _path_of_module(name)
+        while target is None and "." in name:
+            name = name.rpartition(".")[0]
+            target = _path_of_module(name)
+        if target is not None:
+            out.append((line, target))
     return out
 
 
@@ -166,15 +173,7 @@ def test_programs_run_by_path_import_no_disttrain():
 
 
 def _third_party(path: str) -> list[tuple[int, str]]:
-    with open(os.path.join(REPO, path), encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module.split(".")[0]))
-    return out
+    return [(line, name.split(".")[0]) for line, name in _imports(path)]
 
 
 def test_only_the_edges_and_the_console_import_gin_or_absl():
