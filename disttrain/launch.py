@@ -120,7 +120,7 @@ def _checked_cluster(cluster, export_best) -> Cluster:
 def _start_process(settings: RunSettings) -> None:
     """What every task's process does first: the console, SIGTERM as a preemption, the thread pools."""
     logs.to_console()
-    preemption.install(Deadlines.of(settings).preempted_secs)
+    preemption.PROCESS.install(Deadlines.of(settings).preempted_secs)
     set_process_threads(settings.intra_op_threads, settings.inter_op_threads)
 
 
@@ -194,7 +194,7 @@ def session(
         settings = settings or RunSettings.of(**more_settings)
         steps, logdir, batch_size, hooks = _checked(steps, logdir, batch_size, hooks)
         logs.to_console()
-        preemption.install(Deadlines.of(settings).preempted_secs)
+        notice = preemption.PROCESS.install(Deadlines.of(settings).preempted_secs)
         if ROLES[cluster.task_type] == SERVE:
             serve(cluster, settings, logdir, steps)
             sys.exit(0)
@@ -214,15 +214,16 @@ def session(
             session_config=session_config,
             hooks=hooks,
             on_reconnect=on_reconnect,
+            notice=notice,
         ) as monitored:
             yield monitored
         # Preempted, a replica is not done: a PS that counted it would leave. Only a PS that is
         # being preempted itself is told, so that it leaves once the chief has checkpointed.
-        if not cluster.is_local and (preemption.peer() or not preemption.requested()):
-            ps_serving.signal_done(cluster, target, only=preemption.peer())
-        if preemption.requested():
+        if not cluster.is_local and (notice.peer or not notice.requested()):
+            ps_serving.signal_done(cluster, target, only=notice.peer)
+        if notice.requested():
             raise PreemptedError(
-                f"{cluster.task_name} preempted ({preemption.reason()}): stopped at global step "
+                f"{cluster.task_name} preempted ({notice.reason}): stopped at global step "
                 f"{monitored.result.global_step}; exiting to be restarted"
             )
 
@@ -269,7 +270,7 @@ def _training_over(
     step = _over_at(cluster, logdir, steps)
     if step is None:
         return None
-    if cluster.num_ps and not cluster.is_local and not preemption.requested():
+    if cluster.num_ps and not cluster.is_local and not preemption.PROCESS.requested():
         config = strategy.session_config(settings.intra_op_threads, settings.inter_op_threads)
         ps_serving.signal_done(cluster, peers.start_server(cluster, config).target)
     result = metrics.TaskThroughput(cluster.task_name, cluster.is_chief, global_step=step)
@@ -408,13 +409,14 @@ def serve(cluster: Cluster, settings: RunSettings, logdir: str, steps: int) -> N
         cluster.task_name, replicas, deadlines.peer_secs, settings.wait_log_secs, over, all_needed=False
     )
     watchdog.start().enter("serving", deadlines.serving_secs)
+    notice = preemption.PROCESS
     reported = ps_serving.serve_until_done(
-        cluster, server.target, deadlines.linger_secs, deadlines.ps_preempted_secs
+        cluster, server.target, deadlines.linger_secs, deadlines.ps_preempted_secs, notice
     )
     watchdog.stop()
-    if preemption.requested():
+    if notice.requested():
         chief = "the chief checkpointed first" if 0 in reported else "the chief did not report a checkpoint"
-        raise PreemptedError(f"{cluster.task_name} preempted ({preemption.reason()}): {chief}; exiting")
+        raise PreemptedError(f"{cluster.task_name} preempted ({notice.reason}): {chief}; exiting")
     log.info(f"{cluster.task_name} done: {len(reported)}/{cluster.num_replicas} replicas reported; exiting")
 
 

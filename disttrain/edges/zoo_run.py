@@ -128,7 +128,7 @@ def run(
 ) -> int:
     """The whole life of one task; returns its exit code (errors raise DisttrainError)."""
     config.validate()
-    preemption.install(Deadlines.of(config).preempted_secs)
+    preemption.PROCESS.install(Deadlines.of(config).preempted_secs)
     launch.set_process_threads(config.intra_op_threads, config.inter_op_threads)
     if launch.ROLES[cluster.task_type] == launch.SERVE:
         launch.refuse_what_replicas_refuse(config.strategy, cluster, config)

@@ -91,7 +91,7 @@ ENDINGS: tuple[Ending, ...] = (
     Ending(
         what="SIGTERM to a replica (PS strategies)",
         decides=(
-            "the replica: `preemption.request` sets the flag; `recovery.PreemptionHook` stops it at the next"
+            "the replica: `Notice.request` sets the notice; `recovery.PreemptionHook` stops it at the next"
             " step boundary; the chief's `end` waits for the global step to settle, then checkpoints; "
             "`launch.session` raises `PreemptedError`"
         ),
@@ -124,7 +124,7 @@ ENDINGS: tuple[Ending, ...] = (
     ),
     Ending(
         what="preempted and still running after `preempt_secs`",
-        decides="the task: `preemption._exit_after`",
+        decides="the task: `Notice._exit_after`",
         peers_learn="TF's errors or the peers' watchdogs",
         exit="150",
     ),

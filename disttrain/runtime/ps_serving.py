@@ -25,20 +25,51 @@ from disttrain.runtime.peers import probe
 v1 = tf.compat.v1
 log = logging.getLogger("disttrain")
 
-_DONE_QUEUE = "disttrain_done"
-_PREEMPT_QUEUE = "disttrain_preempt"
-_FINISHED_QUEUE = "disttrain_finished"
 
+class PsQueues:
+    """The queues on the PS tasks through which tasks tell each other that training ends.
 
-def _done_queue(ps_index: int, num_replicas: int):
-    with tf.device(f"/job:ps/task:{ps_index}"):
-        return v1.FIFOQueue(
-            capacity=max(num_replicas, 1) * 4,
-            dtypes=[tf.int32],
-            shapes=[[]],
-            shared_name=f"{_DONE_QUEUE}_{ps_index}",
-            name=f"{_DONE_QUEUE}_{ps_index}",
-        )
+    Shared by name (`shared_name`), so they outlive a task that restarts:
+    every task makes the same ops in its own graph and they meet on the PS.
+    Three messages, each one int32:
+
+    - DONE, on every PS i (`done(i)`): a replica's index, once its training
+      has ended (also from a replica started after the end, and, when PS i
+      is preempted, to that PS only: `signal_done`). PS i leaves once every
+      replica has posted, or `ps_linger_secs` after replica 0 (`serve_until_done`).
+    - FINISHED, on ps0 (`finished()`): an asynchronous PS strategy's worker's
+      index, once its training has ended and was not a preemption's; the
+      chief reads the queue's size before its final checkpoint.
+    - PREEMPTED, on every PS i (`preempted(i)`): one element, posted by PS i
+      when it gets SIGTERM; every replica reads the size (`PreemptionHook`).
+    """
+
+    DONE = "disttrain_done"
+    FINISHED = "disttrain_finished"
+    PREEMPTED = "disttrain_preempt"
+    PREEMPTED_CAPACITY = 16
+
+    def __init__(self, num_replicas: int):
+        self.capacity = max(num_replicas, 1) * 4  # every replica's post, restarts included
+
+    def done(self, ps_index: int):
+        """PS `ps_index`'s queue of the replicas that are done (their index each)."""
+        return self._queue(ps_index, f"{self.DONE}_{ps_index}", self.capacity)
+
+    def finished(self):
+        """PS 0's queue of the replicas that have finished training (their index each)."""
+        return self._queue(0, self.FINISHED, self.capacity)
+
+    def preempted(self, ps_index: int):
+        """PS `ps_index`'s preemption queue: the PS posts to it on SIGTERM, the replicas read its size."""
+        return self._queue(ps_index, f"{self.PREEMPTED}_{ps_index}", self.PREEMPTED_CAPACITY)
+
+    @staticmethod
+    def _queue(ps_index: int, name: str, capacity: int):
+        with tf.device(f"/job:ps/task:{ps_index}"):
+            return v1.FIFOQueue(
+                capacity=capacity, dtypes=[tf.int32], shapes=[[]], shared_name=name, name=name
+            )
 
 
 def signal_done(
@@ -73,7 +104,8 @@ def signal_done(
     def tell():
         options = v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
         with tf.Graph().as_default() as graph:
-            ops = {i: _done_queue(i, cluster.num_replicas).enqueue(cluster.replica_index) for i in live}
+            queues = PsQueues(cluster.num_replicas)
+            ops = {i: queues.done(i).enqueue(cluster.replica_index) for i in live}
             config = v1.ConfigProto(device_filters=[*live.values(), cluster.task_name])
             try:
                 with v1.Session(target, graph=graph, config=config) as session:
@@ -97,49 +129,23 @@ def signal_done(
         )
 
 
-def finished_queue(num_replicas: int):
-    """PS 0's queue of the replicas that have finished training (their index each): the chief reads its size.
-
-    A replica posts once its own training has ended and its updates are
-    applied; an asynchronous chief waits for the others' posts before its
-    final checkpoint. Shared by name, so it outlives a restarted chief.
-    """
-    with tf.device("/job:ps/task:0"):
-        return v1.FIFOQueue(
-            capacity=max(num_replicas, 1) * 4,
-            dtypes=[tf.int32],
-            shapes=[[]],
-            shared_name=_FINISHED_QUEUE,
-            name=_FINISHED_QUEUE,
-        )
-
-
-def preempt_notice(ps_index: int):
-    """A PS's preemption queue: the PS posts to it on SIGTERM, the replicas read its size."""
-    with tf.device(f"/job:ps/task:{ps_index}"):
-        return v1.FIFOQueue(
-            capacity=16,
-            dtypes=[tf.int32],
-            shapes=[[]],
-            shared_name=f"{_PREEMPT_QUEUE}_{ps_index}",
-            name=f"{_PREEMPT_QUEUE}_{ps_index}",
-        )
-
-
-def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempted_secs: float) -> set:
+def serve_until_done(
+    cluster: Cluster, target: str, linger_secs: float, preempted_secs: float, notice: preemption.Notice
+) -> set:
     """Run a PS until every replica is done, or `linger_secs` after the chief is; or a preemption.
 
     Returns the replica indices that reported. The chief (replica 0) always
     reports last in its own life (after the final checkpoint), so a replica
     that died and never came back cannot keep the PS alive forever. Once
-    `preemption.requested()` (SIGTERM), the PS posts to its preemption queue
+    `notice` is requested (SIGTERM), the PS posts to its preemption queue
     so that the replicas stop and the chief checkpoints, and returns as soon as
     the chief has reported, or after `preempted_secs` (`Deadlines.ps_preempted_secs`).
     """
     with tf.Graph().as_default() as graph:
-        done = _done_queue(cluster.task_index, cluster.num_replicas)
+        queues = PsQueues(cluster.num_replicas)
+        done = queues.done(cluster.task_index)
         dequeue, close = done.dequeue(), done.close(cancel_pending_enqueues=True)
-        notice = preempt_notice(cluster.task_index).enqueue(1)
+        post_preempted = queues.preempted(cluster.task_index).enqueue(1)
         config = v1.ConfigProto(device_filters=[cluster.task_name])
         with v1.Session(target, graph=graph, config=config) as session:
             arrivals: queue.Queue[int | None] = queue.Queue()
@@ -156,22 +162,27 @@ def serve_until_done(cluster: Cluster, target: str, linger_secs: float, preempte
             taker = threading.Thread(target=take, name="disttrain-done-queue", daemon=True)
             taker.start()
             try:
-                return _count_reports(cluster, session, notice, arrivals, linger_secs, preempted_secs)
+                return _count_reports(
+                    cluster, session, notice, post_preempted, arrivals, linger_secs, preempted_secs
+                )
             finally:
                 with contextlib.suppress(tf.errors.OpError):
                     session.run(close)
                 taker.join(Deadlines.DONE_QUEUE_CLOSE_SECS)
 
 
-def _count_reports(cluster, session, notice, arrivals, linger_secs, preempted_secs) -> set[int]:
+def _count_reports(
+    cluster, session, notice, post_preempted, arrivals, linger_secs, preempted_secs
+) -> set[int]:
+    """The replicas that reported done, counted until all have, the linger ends, or a preemption's bound."""
     reported: set[int] = set()
     deadline = None
     noticed = False
     while len(reported) < cluster.num_replicas:
         now = time.monotonic()
-        if preemption.requested() and not noticed:
+        if notice.requested() and not noticed:
             noticed = True
-            session.run(notice)
+            session.run(post_preempted)
             log.info(f"{cluster.task_name}: told the replicas; waiting for the chief's checkpoint")
             if 0 in reported:
                 break

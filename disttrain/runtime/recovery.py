@@ -102,12 +102,12 @@ class ChiefSessionCreator(v1.train.SessionCreator):
 class PreemptionHook(v1.train.SessionRunHook):
     """Stops the replica at a step boundary once a preemption is requested.
 
-    `notices`: (PS task name, size of its preemption queue) for every PS;
-    a thread polls them every `poll_secs` and requests the preemption when a
-    PS has posted one. On the chief, `end` waits (at most `settle_secs`)
-    until the global step stops moving, so that the final checkpoint (the
-    saver hook's `end`, after this one) holds the other replicas' last steps
-    when they stop too.
+    `notice`: this task's (`preemption.Notice`). `notices`: (PS task name,
+    size of its preemption queue) for every PS; a thread polls them every
+    `poll_secs` and requests the notice when a PS has posted one. On the
+    chief, `end` waits (at most `settle_secs`) until the global step stops
+    moving, so that the final checkpoint (the saver hook's `end`, after this
+    one) holds the other replicas' last steps when they stop too.
     """
 
     def __init__(
@@ -115,6 +115,7 @@ class PreemptionHook(v1.train.SessionRunHook):
         global_step,
         notices,
         is_chief: bool,
+        notice: preemption.Notice,
         poll_secs=0.25,
         settle_secs=Deadlines.PREEMPT_SETTLE_SECS,
         stop_on_request=True,
@@ -122,6 +123,7 @@ class PreemptionHook(v1.train.SessionRunHook):
         self._global_step, self._notices, self._is_chief = global_step, list(notices), is_chief
         self._poll_secs, self._settle_secs = poll_secs, settle_secs
         self._stop_on_request = stop_on_request  # False: the strategy's vote stops the replicas
+        self._notice = notice
 
     def after_create_session(self, session, coord):
         if self._notices:
@@ -130,29 +132,29 @@ class PreemptionHook(v1.train.SessionRunHook):
             )
             coord.register_thread(thread)
             thread.start()
-        if preemption.requested():
+        if self._notice.requested():
             coord.request_stop()
 
     def _watch(self, session, coord):
         names = [name for name, _ in self._notices]
         sizes = [size for _, size in self._notices]
         options = v1.RunOptions(timeout_in_ms=int(Deadlines.PREEMPT_NOTICE_READ_SECS * 1000))
-        while not coord.wait_for_stop(self._poll_secs) and not preemption.requested():
+        while not coord.wait_for_stop(self._poll_secs) and not self._notice.requested():
             try:
                 posted = session.run(sizes, options=options)
             except Exception:  # noqa: BLE001 - a lost PS is the training loop's to report
                 continue
             for name, size in zip(names, posted, strict=True):
                 if size:
-                    preemption.request(f"{name} is being preempted", peer=name)
+                    self._notice.request(f"{name} is being preempted", peer=name)
                     return
 
     def after_run(self, run_context, run_values):
-        if preemption.requested() and self._stop_on_request:
+        if self._notice.requested() and self._stop_on_request:
             run_context.request_stop()
 
     def end(self, session):
-        if not (self._is_chief and preemption.requested()):
+        if not (self._is_chief and self._notice.requested()):
             return
         deadline = time.monotonic() + self._settle_secs
         step = session.run(self._global_step)

@@ -360,7 +360,14 @@ class StepWatch(v1.train.SessionRunHook):
 
 
 def _finish_together(
-    cluster: Cluster, strategy: Strategy, built: Step, settings: RunSettings, global_step, saver, logdir: str
+    cluster: Cluster,
+    strategy: Strategy,
+    built: Step,
+    settings: RunSettings,
+    global_step,
+    saver,
+    logdir: str,
+    notice: preemption.Notice,
 ) -> list:
     """Under an asynchronous PS strategy, a chief that finishes first waits for the others' updates.
 
@@ -373,10 +380,10 @@ def _finish_together(
     """
     if strategy.synchronous or not strategy.uses_ps or cluster.is_local or cluster.num_replicas < 2:
         return []
-    finished = ps_serving.finished_queue(cluster.num_replicas)
+    finished = ps_serving.PsQueues(cluster.num_replicas).finished()
     if not cluster.is_chief:
-        return [_ReportFinished(finished.enqueue(cluster.replica_index))]
-    save = timer = None
+        return [_ReportFinished(finished.enqueue(cluster.replica_index), notice)]
+    saving = None
     if settings.save_checkpoint_steps or settings.save_checkpoint_secs:  # as the checkpoint saver hook
         timer = v1.train.SecondOrStepTimer(
             every_secs=None if settings.save_checkpoint_steps else settings.save_checkpoint_secs,
@@ -386,6 +393,8 @@ def _finish_together(
         def save(session, step):
             saver.save(session, os.path.join(logdir, "model.ckpt"), global_step=step)
 
+        saving = (save, timer)
+
     return [
         _AwaitReplicas(
             cluster.task_name,
@@ -393,9 +402,9 @@ def _finish_together(
             cluster.num_replicas - 1,
             global_step,
             Deadlines.of(settings).replicas_idle_secs,
+            notice,
             built.global_step_refresh,
-            save,
-            timer,
+            saving,
         )
     ]
 
@@ -403,11 +412,11 @@ def _finish_together(
 class _ReportFinished(v1.train.SessionRunHook):
     """At the end of a replica's training (not a preemption's), tells the chief it has finished."""
 
-    def __init__(self, enqueue: tf.Operation):
-        self._enqueue = enqueue
+    def __init__(self, enqueue: tf.Operation, notice: preemption.Notice):
+        self._enqueue, self._notice = enqueue, notice
 
     def end(self, session):
-        if preemption.requested():
+        if self._notice.requested():
             return  # it comes back
         with contextlib.suppress(tf.errors.OpError):  # PS 0 gone: the chief has checkpointed
             session.run(
@@ -420,9 +429,10 @@ class _AwaitReplicas(v1.train.SessionRunHook):
 
     Bounded: it stops waiting once the global step has not moved for
     `idle_secs` (a replica that died and was not restarted trains no more).
-    A preemption ends it at once. While it waits, `save(session, step)`
-    writes a checkpoint as often as training would (`timer`, on the global
-    step): the others may train for long. Then it runs `refresh` (the
+    `notice` (this task's preemption) ends it at once. While it waits,
+    `saving` = (save, timer): `save(session, step)` writes a checkpoint as
+    often as training would (`timer`, on the global step): the others may
+    train for long. Then it runs `refresh` (the
     strategy's `global_step_refresh`): the final checkpoint is named by the
     step the hooks read, which a mirror of the global step would give as of
     the chief's own last update (and, at a step already saved, the saver
@@ -436,17 +446,18 @@ class _AwaitReplicas(v1.train.SessionRunHook):
         others: int,
         global_step: tf.Tensor,
         idle_secs: float,
+        notice: preemption.Notice,
         refresh: tf.Operation | None = None,
-        save: Callable | None = None,
-        timer: v1.train.SecondOrStepTimer | None = None,
+        saving: tuple[Callable, v1.train.SecondOrStepTimer] | None = None,
     ):
         self._task, self._finished, self._others = task, finished, others
         self._global_step, self._idle_secs, self._refresh = global_step, idle_secs, refresh
-        self._save, self._timer = save, timer
+        self._notice = notice
+        self._save, self._timer = saving if saving is not None else (None, None)
         self.final_step: int | None = None  # the global step once the others have finished
 
     def end(self, session):
-        if not preemption.requested():
+        if not self._notice.requested():
             self._await(session)
         if self._refresh is not None:
             session.run(self._refresh)
@@ -463,7 +474,7 @@ class _AwaitReplicas(v1.train.SessionRunHook):
         moved = time.monotonic()
         if self._timer is not None:
             self._timer.update_last_triggered_step(step)
-        while finished < self._others and not preemption.requested():
+        while finished < self._others and not self._notice.requested():
             if time.monotonic() - moved > self._idle_secs:
                 log.warning(
                     f"{self._task}: {self._others - finished} replica(s) have not finished and the global "
@@ -661,6 +672,7 @@ def monitored_session(
     session_config: v1.ConfigProto | None = None,
     hooks: Sequence[v1.train.SessionRunHook] = (),
     on_reconnect: Callable[[list[str]], None] | None = None,
+    notice: preemption.Notice,
 ):
     """A MonitoredSession that trains this replica until the global step reaches `steps`.
 
@@ -670,17 +682,21 @@ def monitored_session(
     scalars; every replica writes its own throughput (`batch_size` examples
     per tower and step) and its result.json. The session's `result`
     holds what this task measured once the block has ended. A NaN or Inf
-    becomes DivergedError.
+    becomes DivergedError. `notice`: this task's preemption notice, which
+    stops the loop at a step boundary.
     """
     built = _built_step(strategy)
     watchdog = replica_watchdog(cluster, strategy, settings, logdir, steps)
-    hooked = _session_hooks(cluster, strategy, built, logdir, settings, batch_size, steps, hooks, watchdog)
+    hooked = _session_hooks(
+        cluster, strategy, built, logdir, settings, batch_size, steps, hooks, watchdog, notice
+    )
     creator = _session_creator(
         cluster, hooked.scaffold, target, session_config, settings, logdir, hooked.live, watchdog
     )
     deadlines = Deadlines.of(settings)
     watchdog.start().enter("creating the session", deadlines.creating_session_secs)
-    with _lost_peer_logging() as lost_peer_log, _ending_errors(cluster, hooked.stop_at, hooked.throughput):
+    ending = _ending_errors(cluster, hooked.stop_at, hooked.throughput, notice)
+    with _lost_peer_logging() as lost_peer_log, ending:
         creator = _Reconnecting(
             creator, on_reconnect, lost_peer_log, watchdog, deadlines.recovering_session_secs
         )
@@ -692,7 +708,7 @@ def monitored_session(
             except BaseException:
                 watchdog.enter("closing the session after an error", deadlines.closing_session_secs)
                 raise
-            _closing(watchdog, cluster, settings)
+            _closing(watchdog, cluster, settings, notice)
     watchdog.stop()
     session.result = _reported(cluster, logdir, hooked)
 
@@ -750,6 +766,7 @@ def _session_hooks(
     steps: int,
     hooks: Sequence[v1.train.SessionRunHook],
     watchdog: watchdogs.Watchdog,
+    notice: preemption.Notice,
 ) -> _Hooked:
     """Every hook of a replica's session, in HOOK_PHASES' order.
 
@@ -771,15 +788,17 @@ def _session_hooks(
     scaffold = strategy.scaffold(saver)
     notices = []
     if strategy.uses_ps and cluster.num_ps and not cluster.is_local:
-        notices = [(f"/job:ps/task:{i}", ps_serving.preempt_notice(i).size()) for i in range(cluster.num_ps)]
+        queues = ps_serving.PsQueues(cluster.num_replicas)
+        notices = [(f"/job:ps/task:{i}", queues.preempted(i).size()) for i in range(cluster.num_ps)]
     phases["finish_together"] = _finish_together(
-        cluster, strategy, built, settings, v1.train.get_global_step(), saver, logdir
+        cluster, strategy, built, settings, v1.train.get_global_step(), saver, logdir, notice
     )
     phases["preemption"] = [
         recovery.PreemptionHook(
             v1.train.get_global_step(),
             notices,
             cluster.is_chief,
+            notice,
             stop_on_request=not strategy.votes_on_preemption,
         )
     ]
@@ -819,7 +838,9 @@ def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThr
     return result
 
 
-def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettings) -> None:
+def _closing(
+    watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettings, notice: preemption.Notice
+) -> None:
     """The watchdog's phase while the session closes after its loop ended without an error.
 
     A replica's close (hooks' ends, the overlap drain) that does not return
@@ -827,7 +848,7 @@ def _closing(watchdog: watchdogs.Watchdog, cluster: Cluster, settings: RunSettin
     chief's is not judged as hung: it writes the final checkpoint, which may
     take long for a large model; only a lost peer ends it.
     """
-    code = EXIT_TRANSIENT if preemption.requested() else 0
+    code = EXIT_TRANSIENT if notice.requested() else 0
     threshold = Deadlines.of(settings).closing_session_secs
     watchdog.enter("closing the session", threshold, may_hang=not cluster.is_chief, hung_code=code)
 
@@ -877,7 +898,9 @@ def _lost_peer_logging():
 
 
 @contextlib.contextmanager
-def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.ThroughputHook):
+def _ending_errors(
+    cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.ThroughputHook, notice: preemption.Notice
+):
     """What a session's errors mean once it ends: a PS gone after the last step, or a NaN.
 
     A PS that left after the last step (training is over) ends the block
@@ -889,7 +912,7 @@ def _ending_errors(cluster: Cluster, stop_at: _StopAtStep, throughput: metrics.T
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
         # Raised by the close, after the last step: a loop beside the step (the async overlap's
         # transfer loop, draining the last gradients) lost a PS that left because training is over.
-        if not stop_at.reached or preemption.requested():
+        if not stop_at.reached or notice.requested():
             raise
         log.info(
             f"{cluster.task_name}: a PS left while the last gradients were applied "

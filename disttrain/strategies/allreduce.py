@@ -543,10 +543,10 @@ class _PreemptionVote(v1.train.SessionRunHook):
         self._flag, self._anywhere = flag, anywhere
 
     def before_run(self, run_context):
-        feed = {self._flag: 1.0 if preemption.requested() else 0.0}
+        feed = {self._flag: 1.0 if preemption.PROCESS.requested() else 0.0}
         return v1.train.SessionRunArgs(self._anywhere, feed_dict=feed)
 
     def after_run(self, run_context, run_values):
         if run_values.results[0] > 0:
-            preemption.request("a replica of the all-reduce group is being preempted")
+            preemption.PROCESS.request("a replica of the all-reduce group is being preempted")
             run_context.request_stop()

@@ -347,7 +347,7 @@ class _DrainHook(v1.train.SessionRunHook):
                 error = getattr(self._loop, "error", None)
                 lost_ps = isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError)
                 # A session ends without an error at the last step or on a preemption (which exits 150).
-                if self._chief or not lost_ps or preemption.requested():
+                if self._chief or not lost_ps or preemption.PROCESS.requested():
                     log.warning("%d queued gradient(s) not applied: the transfer loop stopped", left)
                     return
                 first = tf_errors.first_error_line([str(error.message)])

@@ -479,7 +479,7 @@ class _Aggregator(v1.train.SessionRunHook):
         self._in_run.clear()
 
     def end(self, session):
-        if preemption.requested():
+        if preemption.PROCESS.requested():
             return  # the restarted chief's aggregator goes on with the same queues
         self._close_queues(session)
 

@@ -43,7 +43,7 @@ def before(pw: float, linger: float, preempt: float) -> dict[str, float]:
         "replicas_idle_secs": pw,  # _AwaitReplicas(idle_secs=settings.peer_wait_secs)
         "evaluator_secs": pw,  # evaluate_checkpoints(..., settings.peer_wait_secs)
         "linger_secs": linger,  # serve_until_done(linger=settings.ps_linger_secs)
-        "preempted_secs": preempt,  # preemption.install(settings.preempt_secs)
+        "preempted_secs": preempt,  # preemption.PROCESS.install(settings.preempt_secs)
         "ps_preempted_secs": max(1.0, preempt - 3.0),  # _count_reports: max(1.0, preempt_secs - 3.0)
     }
 

@@ -10,12 +10,13 @@ import time
 
 import tensorflow as tf
 
+from disttrain.base import preemption
 from disttrain.runtime import trainer
 
 v1 = tf.compat.v1
 
 
-def _parts(others=2, saved=None):
+def _parts(others=2, saved=None, notice=None):
     queue = v1.FIFOQueue(8, [tf.int32], shapes=[[]])
     step = v1.get_variable("step", [], tf.int64, initializer=tf.zeros_initializer())
     mirror = v1.get_variable("mirror", [], tf.int64, initializer=tf.zeros_initializer())
@@ -25,9 +26,11 @@ def _parts(others=2, saved=None):
         others,
         step,
         idle_secs=1.0,
+        notice=notice or preemption.Notice(),
         refresh=mirror.assign(step),
-        save=None if saved is None else lambda session, at: saved.append(at),
-        timer=v1.train.SecondOrStepTimer(every_steps=10),
+        saving=None
+        if saved is None
+        else (lambda session, at: saved.append(at), v1.train.SecondOrStepTimer(every_steps=10)),
     )
     return hook, queue, step, mirror
 
@@ -83,10 +86,17 @@ def test_no_wait_when_the_others_have_already_finished(caplog):
     assert "waiting" not in caplog.text
 
 
-def test_a_preemption_ends_the_wait_at_once(monkeypatch):
-    monkeypatch.setattr(trainer.preemption, "requested", lambda: True)
+class _Preempted(preemption.Notice):
+    """A notice already requested, without the bound's timer (which would end the test process)."""
+
+    def requested(self) -> bool:
+        return True
+
+
+def test_a_preemption_ends_the_wait_at_once():
+    notice = _Preempted()
     with tf.Graph().as_default(), v1.Session() as session:
-        hook, _, step, mirror = _parts()
+        hook, _, step, mirror = _parts(notice=notice)
         session.run(v1.global_variables_initializer())
         session.run(step.assign(7))
         started = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import disttrain
+from disttrain.base import preemption
 from disttrain.base.cluster import Cluster
 from disttrain.base.config import RunSettings
 from disttrain.runtime import recovery, trainer
@@ -31,10 +32,9 @@ def _phases(tmp_path, strategy_class, **settings):
         strategy = strategy_class(cluster)
         built = trainer.build(strategy, _loss, lambda: v1.train.GradientDescentOptimizer(0.1), False).step
         watchdog = trainer.replica_watchdog(cluster, strategy, settings, str(tmp_path), 10)
-        hooked = trainer._session_hooks(
-            cluster, strategy, built, str(tmp_path), settings, 1, 10, [], watchdog
-        )
-        return hooked
+        notice = preemption.Notice()
+        logdir = str(tmp_path)
+        return trainer._session_hooks(cluster, strategy, built, logdir, settings, 1, 10, [], watchdog, notice)
 
 
 def test_the_phases_are_in_their_order_and_every_hook_is_in_one(tmp_path):

@@ -16,14 +16,14 @@ from tests import REPO
 # A task that never reaches a step boundary: only the bound can end it.
 STUCK = """
 import sys, time
-from disttrain import preemption
-preemption.install(grace_secs=1.0)
+from disttrain.base import preemption
+notice = preemption.PROCESS.install(grace_secs=1.0)
 try:  # "ready" inside: a Ctrl-C sent the moment it is read may land while it is printed
     print("ready", flush=True)
     while True:
         time.sleep(0.05)
-        if preemption.requested():
-            print("flag set:", preemption.reason(), flush=True)
+        if notice.requested():
+            print("flag set:", notice.reason, flush=True)
             while True:
                 time.sleep(0.05)
 except KeyboardInterrupt:
