@@ -41,11 +41,21 @@ class Built:
     """One replica's training graph and the tensors the loop needs."""
 
     graph: tf.Graph
-    train_op: tf.Operation
-    loss: tf.Tensor
-    global_step: tf.Tensor
     strategy: Strategy
     step: Step  # what the strategy built: the reads and feeds the loop needs
+
+    @property
+    def train_op(self) -> tf.Operation:
+        return self.step.train_op
+
+    @property
+    def loss(self) -> tf.Tensor:
+        return self.step.loss
+
+    @property
+    def global_step(self) -> tf.Tensor:
+        """What a step fetches as the global step (a worker-side read where the strategy has one)."""
+        return self.step.global_step_fetch
 
 
 def build(
@@ -93,7 +103,7 @@ def build(
             accumulate_steps=accumulate_steps,
             steps_per_run=steps_per_run,
         )
-    return Built(v1.get_default_graph(), step.train_op, step.loss, step.global_step_fetch, strategy, step)
+    return Built(v1.get_default_graph(), strategy, step)
 
 
 def without_autotune_thread(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -744,10 +754,18 @@ class _Hooked:
     """A replica session's hooks by phase, and the parts of them the session itself needs."""
 
     phases: dict[str, list]
-    throughput: metrics.ThroughputHook
-    stop_at: _StopAtStep
     scaffold: v1.train.Scaffold
     live: bool  # a restarted chief adopts the variables live PS tasks still hold
+
+    @property
+    def throughput(self) -> metrics.ThroughputHook:
+        (hook,) = self.phases["throughput"]
+        return hook
+
+    @property
+    def stop_at(self) -> _StopAtStep:
+        (hook,) = self.phases["stop"]
+        return hook
 
     @property
     def hooks(self) -> list:
@@ -805,7 +823,7 @@ def _session_hooks(
     phases["checkpoints"] = _checkpoint_saver(cluster, settings, logdir, scaffold)
     phases["step_done"] = [StepWatch.Done(next(h for h in phases["watch"] if isinstance(h, StepWatch)))]
     live = bool(notices) and strategy.adopts_live_ps_state
-    return _Hooked(phases, throughput, stop_at, scaffold, live)
+    return _Hooked(phases, scaffold, live)
 
 
 def _checkpoint_saver(cluster: Cluster, settings: RunSettings, logdir: str, scaffold) -> list:

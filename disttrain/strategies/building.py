@@ -123,30 +123,18 @@ class Record:
         return self.built if self.built is not None else self.loose
 
 
-# The names of 0.1.0 a strategy still answers (read-only), with what each is before any build.
-FIELDS = {
-    "loss": None,
-    "batch_size": None,
-    "accumulate_steps": 1,
-    "steps_per_run": 1,
-    "step_in_run": 0,
-    "tower": 0,
-    "micro_batch": 0,
-    "data_weight": None,
-    "no_data": None,
-    "stop_at": None,
-    "steps_trained": None,
-    "global_step_read": None,
-    "global_step_refresh": None,
-    "stop_step_read": None,
-}
+# What each field is before anything is built: Building's defaults (Step's own fields: None).
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Building) if f.default is not dataclasses.MISSING}
 # Set by a strategy's apply_gradients (0.1.0's subclasses assigned them on self): writable, into the build.
 SET_BY_SUBCLASSES = ("global_step_read", "global_step_refresh", "stop_step_read")
 
 
 def view(name: str) -> property:
-    """`strategy.<name>`: the build in progress's, else the last record's, else its value before any."""
-    default = FIELDS[name]
+    """`strategy.<name>` (one of 0.1.0's names): the build in progress's, else the last record's.
+
+    A Step has no `tower`, `micro_batch` or `step_in_run`: read after a build, they are as before one.
+    """
+    default = _DEFAULTS.get(name)
 
     def get(self):
         return getattr(self._record.now(), name, default)

@@ -54,4 +54,4 @@ def test_a_phase_out_of_order_is_refused(tmp_path):
     assert hooked.phases["strategy"], "sync PS's aggregator and token hooks are the strategy's"
     shuffled = dict(reversed(list(hooked.phases.items())))
     with pytest.raises(RuntimeError, match="hook phases out of order"):
-        trainer._Hooked(shuffled, hooked.throughput, hooked.stop_at, hooked.scaffold, hooked.live).hooks  # noqa: B018
+        trainer._Hooked(shuffled, hooked.scaffold, hooked.live).hooks  # noqa: B018
