@@ -181,13 +181,12 @@ def session(
             while not session.should_stop():
                 session.run(train_op)
 
-    Everything `fit` does comes with it (servers, bounded peer waits,
-    checkpoints, throughput, NaN guard, telling the PS when done). On a PS
-    task it serves until training is done and then exits the process with
-    code 0: a PS never enters the body. A replica started when the latest
-    checkpoint is already at `steps` (restarted after the end) waits for no
-    peer: its session stops before the first step. `session.result` is what
-    this task measured, once the block has ended.
+    Everything `fit` does comes with it (servers, bounded peer waits, checkpoints, throughput,
+    NaN guard, telling the PS when done). On a PS task it serves until training is done and then
+    exits the process with code 0: a PS never enters the body. A replica started when the latest
+    checkpoint is already at `steps` (restarted after the end) waits for no peer: its session
+    stops before the first step. `session.result` is what this task measured, once the block
+    has ended.
     """
     cluster = strategy.cluster
     with errors_to_exit(cluster):

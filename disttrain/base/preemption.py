@@ -92,3 +92,8 @@ class Notice:
 
 # The process's notice: SIGTERM is the process's.
 PROCESS = Notice()
+
+
+def given(notice: Notice | None) -> Notice:
+    """The notice a caller handed in, else the process's (`PROCESS`)."""
+    return PROCESS if notice is None else notice

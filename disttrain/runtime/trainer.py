@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -796,7 +797,7 @@ def _session_hooks(
     stop_at = _StopAtStep(last_step=steps, stop_at=built.stop_at, step_read=built.stop_step_read)
     phases = {
         "inputs": [input_feeds.StartInputsHook()],
-        "strategy": strategy.hooks(last_step=steps),
+        "strategy": _strategy_hooks(strategy, steps, notice),
         "stop": [stop_at],
         "throughput": [throughput],
         "user": list(hooks),
@@ -969,6 +970,14 @@ def replica_watchdog(cluster: Cluster, strategy: Strategy, settings: RunSettings
     return watchdogs.Watchdog(
         cluster.task_name, needed, Deadlines.of(settings).peer_secs, settings.wait_log_secs, over
     )
+
+
+def _strategy_hooks(strategy: Strategy, steps: int, notice: preemption.Notice) -> list:
+    """The strategy's hooks, handed this task's preemption notice (a subclass written for 0.1.0's
+    `hooks(last_step)` takes none, and its hooks read the process's)."""
+    if "notice" in inspect.signature(strategy.hooks).parameters:
+        return strategy.hooks(last_step=steps, notice=notice)
+    return strategy.hooks(last_step=steps)
 
 
 def _watch_hooks(

@@ -17,6 +17,7 @@ they receive. Only the chief saves checkpoints; its copy is the model.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import tensorflow as tf
@@ -252,6 +253,14 @@ class SyncAllReduce(Strategy):
     # gradient until the gradient flowing to the layer below is computed too).
     gate_gradients = v1.train.Optimizer.GATE_NONE
 
+    @dataclasses.dataclass
+    class Made(Strategy.Made):
+        """The ring's pieces of a build: its instance keys (in build order, so they match on every
+        task) and the preemption vote of its first step (this replica's flag, the group's mean)."""
+
+        keys: itertools.count | None = None
+        vote: tuple[tf.Tensor, tf.Tensor] | None = None
+
     def __init__(
         self,
         cluster,
@@ -277,8 +286,6 @@ class SyncAllReduce(Strategy):
         self.bucket_bytes = int(bucket_bytes)
         self.transfer_dtype = transfer.parse(transfer_dtype, type(self).__name__)
         self.communication_hint = communication_hint
-        self._keys = None
-        self._vote: tuple[tf.Tensor, tf.Tensor] | None = None  # (this replica's flag, the group's mean)
         self.tuner: tuning.Autotuner | None = None
         if autotune:
             first = tuning.Setting(self.bucket_bytes, self.max_subdivs)
@@ -312,10 +319,9 @@ class SyncAllReduce(Strategy):
         return update if vote is None else tf.group(update, vote, name="train_and_vote")
 
     def start_graph(self) -> None:
-        """Before a graph's first step: instance keys restart, in build order, so they match on every
-        task; the vote is made again."""
-        self._keys = itertools.count(1)
-        self._vote = None
+        """Before a graph's first step: instance keys start, in build order, so they match on every
+        task (a new build's own pieces have no vote yet)."""
+        self.made.keys = itertools.count(1)
 
     def summed(self, grads_and_vars, first_step: bool):
         """The step's gradients summed over the group: (the mean gradients, the group's towers with
@@ -330,11 +336,12 @@ class SyncAllReduce(Strategy):
         joined = self.data_weight is not None
         if not joined and not first_step:
             return self._all_reduced(grads_and_vars)[0], None, None
+        made = self.made
         with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
             flag = (
                 v1.placeholder_with_default(tf.constant(0.0), [], name="preempted_here")
-                if self._vote is None
-                else self._vote[0]
+                if made.vote is None
+                else made.vote[0]
             )
             ballot = tf.stack([flag, self.data_weight if joined else tf.constant(0.0)])
         if not self._can_ride(grads_and_vars):
@@ -344,8 +351,8 @@ class SyncAllReduce(Strategy):
         else:
             grads_and_vars, anywhere = self._all_reduced(grads_and_vars, ballot=ballot)
             contributed = anywhere[1] * self.group_size if joined else None
-        if self._vote is None:
-            self._vote = (flag, anywhere)
+        if made.vote is None:
+            made.vote = (flag, anywhere)
         return grads_and_vars, contributed, anywhere
 
     def _can_ride(self, grads_and_vars) -> bool:
@@ -361,7 +368,7 @@ class SyncAllReduce(Strategy):
         """The vote in an all-reduce of its own (no float32 gradient to ride in): the group's mean of
         [preemption flag, towers with data] = [> 0 if any replica is being preempted, towers / N]."""
         with tf.device(self.compute_devices[0]), tf.name_scope("preemption_vote"):
-            (anywhere,) = all_reduce_mean([ballot], self.group_size, 4, instance_keys=self._keys)
+            (anywhere,) = all_reduce_mean([ballot], self.group_size, 4, instance_keys=self.made.keys)
         return anywhere
 
     def _all_reduced(self, grads_and_vars, contributed: tf.Tensor | None = None, ballot=None):
@@ -391,7 +398,7 @@ class SyncAllReduce(Strategy):
                 divisor = None if contributed is None else tf.maximum(contributed, 1.0)
             common = dict(
                 transfer_dtype=self.transfer_dtype,
-                instance_keys=self._keys,
+                instance_keys=self.made.keys,
                 communication_hint=self.communication_hint,
                 divisor=divisor,
             )
@@ -427,14 +434,14 @@ class SyncAllReduce(Strategy):
             )
 
         if self.tuner is not None:
-            return self.tuner.reduce(dense_grads, reduce_dense, self._keys, self.step_in_run == 0)
-        return reduce_dense(dense_grads, tuning.Setting(self.bucket_bytes, self.max_subdivs), self._keys)
+            return self.tuner.reduce(dense_grads, reduce_dense, self.made.keys, self.step_in_run == 0)
+        return reduce_dense(dense_grads, tuning.Setting(self.bucket_bytes, self.max_subdivs), self.made.keys)
 
     @property
     def votes_on_preemption(self) -> bool:
         """With other replicas: a preempted replica cannot leave alone (the others' collectives would
         wait for it); every step carries its flag, and all stop after the step that carried one."""
-        return self._vote is not None
+        return self.made.vote is not None
 
     def _as_rows(self, grad, var) -> bool:
         """A sparse gradient of a table larger than densify_below_bytes travels as rows."""
@@ -447,9 +454,10 @@ class SyncAllReduce(Strategy):
         grad = tf.convert_to_tensor(grad)
         return grad if grad.shape.is_fully_defined() else tf.reshape(grad, var.shape)
 
-    def hooks(self, last_step: int | None = None) -> list:
+    def hooks(self, last_step: int | None = None, notice: preemption.Notice | None = None) -> list:
         """The preemption vote; the autotuner's search at session start, when there is one."""
-        hooks = [_PreemptionVote(*self._vote)] if self._vote is not None else []
+        vote = self.made.vote
+        hooks = [_PreemptionVote(*vote, preemption.given(notice))] if vote is not None else []
         return hooks + ([self.tuner.hook()] if self.tuner is not None and self.group_size > 1 else [])
 
     # ---- sessions ----------------------------------------------------------
@@ -465,7 +473,7 @@ class SyncAllReduce(Strategy):
         """
         if self.group_size == 1:
             return v1.train.Scaffold(saver=saver)
-        if self._keys is None:
+        if self.made.keys is None:
             raise RuntimeError("SyncAllReduce.scaffold() needs minimize() first")
         variables = v1.global_variables()
         for var in variables:
@@ -499,7 +507,7 @@ class SyncAllReduce(Strategy):
             sizes = [var.shape.num_elements() * dtype.size for var in group]
             for bucket in make_buckets(sizes, self.bucket_bytes):
                 members = [group[k] for k in bucket]
-                key = next(self._keys)
+                key = next(self.made.keys)
                 common = dict(group_size=self.group_size, group_key=GROUP_KEY, instance_key=key)
                 if send:
                     flat = _flatten([var.read_value() for var in members])
@@ -539,14 +547,14 @@ class _PreemptionVote(v1.train.SessionRunHook):
     with the transient code, so a restart resumes from that very step.
     """
 
-    def __init__(self, flag: tf.Tensor, anywhere: tf.Tensor):
-        self._flag, self._anywhere = flag, anywhere
+    def __init__(self, flag: tf.Tensor, anywhere: tf.Tensor, notice: preemption.Notice):
+        self._flag, self._anywhere, self._notice = flag, anywhere, notice
 
     def before_run(self, run_context):
-        feed = {self._flag: 1.0 if preemption.PROCESS.requested() else 0.0}
+        feed = {self._flag: 1.0 if self._notice.requested() else 0.0}
         return v1.train.SessionRunArgs(self._anywhere, feed_dict=feed)
 
     def after_run(self, run_context, run_values):
         if run_values.results[0] > 0:
-            preemption.PROCESS.request("a replica of the all-reduce group is being preempted")
+            self._notice.request("a replica of the all-reduce group is being preempted")
             run_context.request_stop()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -57,6 +59,16 @@ class AsyncParameterServer(PsStrategy):
     synchronous = False
     knobs = ("overlap", "transfer_dtype", "piece_bytes")
 
+    @dataclasses.dataclass
+    class Made(PsStrategy.Made):
+        """The overlap's pieces of a build, made by its first step of the run."""
+
+        copies: list = dataclasses.field(default_factory=list)  # (worker copy, PS variable)
+        transfer_op: tf.Operation | None = None  # one round of the transfer loop
+        counts: tuple | None = None  # (gradients queued, gradients applied) on this worker
+        loop: _TransferLoop | None = None
+        enqueue_and_count: Callable | None = None  # (flat gradients) -> queue them and count them
+
     def __init__(
         self,
         cluster,
@@ -69,17 +81,17 @@ class AsyncParameterServer(PsStrategy):
         super().__init__(cluster, num_towers, max_imbalance, piece_bytes)
         self.overlap = overlap
         self.transfer_dtype = transfer.parse(transfer_dtype, type(self).__name__)
-        self._copies: list[tuple[tf.Variable, tf.Variable]] = []  # (worker copy, PS variable)
-        self.transfer_op: tf.Operation | None = None  # one round of the transfer loop
-        self._counts = None  # (gradients queued, gradients applied) on this worker
-        self._loop: _TransferLoop | None = None
-        self._enqueue_and_count = None  # (flat gradients) -> queue them and count them
+
+    @property
+    def transfer_op(self) -> tf.Operation | None:
+        """One round of the overlap's transfer loop (None without overlap, or before minimize())."""
+        return self.made.transfer_op
 
     def _local_copy(self, var) -> tf.Tensor:
         """The worker-side copy the model reads instead of `var` (created on first use)."""
         with tf.device(self.compute_devices[0]), tf.name_scope("local_copy"):
             copy = _local_variable(var.read_value, var.op.name.replace("/", "_"))
-            self._copies.append((copy, var))
+            self.made.copies.append((copy, var))
             return copy.read_value()
 
     def compute_gradients(self, optimizer, loss, read=None):
@@ -87,7 +99,7 @@ class AsyncParameterServer(PsStrategy):
 
     def _copy_of(self, var) -> tf.Tensor:
         """A read of `var`'s worker-side copy: the one the run's first step made, else a new one."""
-        for copy, original in self._copies:
+        for copy, original in self.made.copies:
             if original is var:
                 return copy.read_value()
         return self._local_copy(var)
@@ -103,7 +115,7 @@ class AsyncParameterServer(PsStrategy):
         if self.step_in_run > 0:  # a later step of the run: its gradients join the first step's queue
             with tf.device(self.compute_devices[0]), tf.name_scope("gradient_queue"):
                 flat = _flat(grads_and_vars)[1]
-                return self.when_data(lambda: self._enqueue_and_count(flat))
+                return self.when_data(lambda: self.made.enqueue_and_count(flat))
         worker = self.compute_devices[0]
         queue, step, per_grad = self._queued(grads_and_vars)
         to_push = []
@@ -119,7 +131,8 @@ class AsyncParameterServer(PsStrategy):
         before = len(graph.get_operations())
         push = optimizer.apply_gradients(to_push, global_step=global_step)
         updates = _updates_by_variable(graph.get_operations()[before:])
-        queued, applied = self._counts
+        made, build = self.made, self.building
+        queued, applied = made.counts
         with tf.device(worker), tf.name_scope("pull"):
             pulls = self._pulls(updates, push)
             # Hooks fetch this mirror as the global step: a step must not read the variable on
@@ -134,23 +147,22 @@ class AsyncParameterServer(PsStrategy):
             # by it, so that its own gradients in flight take it no further than the last step.
             before_queue = _local_variable(global_step.read_value, "global_step_before_queue")
             pulls.append(before_queue.assign(after - applied.read_value() - 1, read_value=False))
-            self.building.stop_step_read = before_queue.read_value() + queued.read_value()
+            build.stop_step_read = before_queue.read_value() + queued.read_value()
         with tf.device(worker), tf.control_dependencies(pulls):
-            self.transfer_op = applied.assign_add(1, read_value=False)
-        build = self.building
+            made.transfer_op = applied.assign_add(1, read_value=False)
         build.global_step_read = mirror.read_value()
         with tf.device(worker):
             build.global_step_refresh = mirror.assign(global_step.read_value(), read_value=False)
         tf_internals.set_global_step_read(graph, build.global_step_read)
-        self._loop = _TransferLoop(
+        made.loop = _TransferLoop(
             queue,
-            [self.transfer_op],
+            [made.transfer_op],
             close_op=queue.close(),
             cancel_op=queue.close(cancel_pending_enqueues=True),
             queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError),
         )
-        v1.train.add_queue_runner(self._loop)
-        transfer.narrow_reads([step, self.transfer_op], self.transfer_dtype)
+        v1.train.add_queue_runner(made.loop)
+        transfer.narrow_reads([step, made.transfer_op], self.transfer_dtype)
         return step
 
     def _queued(self, grads_and_vars):
@@ -158,7 +170,7 @@ class AsyncParameterServer(PsStrategy):
 
         Returns the queue, the op that enqueues and counts (the step's train
         op) and, per gradient, its tensors as the transfer loop dequeues them.
-        Sets `_counts` (gradients queued, gradients applied).
+        Sets `made.counts` (gradients queued, gradients applied).
         """
         parts, flat = _flat(grads_and_vars)
         wire = [self.transfer_dtype if t.dtype.is_floating and self.transfer_dtype else t.dtype for t in flat]
@@ -173,7 +185,7 @@ class AsyncParameterServer(PsStrategy):
                     return queued.assign_add(1, read_value=False)
 
             step = self.when_data(enqueue_and_count)  # a step with no data queues nothing
-            self._enqueue_and_count = enqueue_and_count
+            self.made.enqueue_and_count = enqueue_and_count
             received = queue.dequeue()
             received = list(received) if isinstance(received, list | tuple) else [received]
         for tensor, sent in zip(received, flat, strict=True):
@@ -182,7 +194,7 @@ class AsyncParameterServer(PsStrategy):
         for p in parts:
             per_grad.append(received[: len(p)])
             received = received[len(p) :]
-        self._counts = (queued, applied)
+        self.made.counts = (queued, applied)
         return queue, step, per_grad
 
     def _pulls(self, updates, push) -> list:
@@ -192,7 +204,7 @@ class AsyncParameterServer(PsStrategy):
         directions of the link overlap.
         """
         pulls = []
-        for copy, var in self._copies:
+        for copy, var in self.made.copies:
             with tf.control_dependencies(updates.get(var.handle.name) or [push]):
                 fresh = var.read_value()  # sent in 16 bits with a transfer dtype (narrow_reads)
             pulls.append(copy.assign(fresh, read_value=False))
@@ -217,14 +229,23 @@ class AsyncParameterServer(PsStrategy):
             order.arrived([t.op for t in here])
         return moved
 
-    def hooks(self, last_step: int | None = None) -> list:
-        if self._counts is None:
+    def hooks(self, last_step: int | None = None, notice: preemption.Notice | None = None) -> list:
+        made = self.made
+        if made.counts is None:
             return []
         cluster = self.cluster
-        return [_DrainHook(*self._counts, loop=self._loop, task=cluster.task_name, chief=cluster.is_chief)]
+        return [
+            _DrainHook(
+                *made.counts,
+                loop=made.loop,
+                task=cluster.task_name,
+                chief=cluster.is_chief,
+                notice=preemption.given(notice),
+            )
+        ]
 
     def traced_loops(self) -> list:
-        return [self._loop] if self._loop is not None else []
+        return [self.made.loop] if self.made.loop is not None else []
 
 
 class _TransferLoop(tf_internals.RoundsQueueRunner):
@@ -327,9 +348,10 @@ class _DrainHook(v1.train.SessionRunHook):
         chief=True,
         timeout_secs=Deadlines.DRAIN_SECS,
         close_grace_secs=Deadlines.DRAIN_CLOSE_GRACE_SECS,
+        notice: preemption.Notice = preemption.PROCESS,
     ):
         self._counts = (queued.read_value(), applied.read_value())
-        self._loop, self._task, self._chief = loop, task, chief
+        self._loop, self._task, self._chief, self._notice = loop, task, chief, notice
         self._timeout_secs, self._close_grace_secs = timeout_secs, close_grace_secs
         self._coord = None
 
@@ -347,7 +369,7 @@ class _DrainHook(v1.train.SessionRunHook):
                 error = getattr(self._loop, "error", None)
                 lost_ps = isinstance(error, tf.errors.UnavailableError | tf.errors.AbortedError)
                 # A session ends without an error at the last step or on a preemption (which exits 150).
-                if self._chief or not lost_ps or preemption.PROCESS.requested():
+                if self._chief or not lost_ps or self._notice.requested():
                     log.warning("%d queued gradient(s) not applied: the transfer loop stopped", left)
                     return
                 first = tf_errors.first_error_line([str(error.message)])

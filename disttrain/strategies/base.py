@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from disttrain.base import preemption
 from disttrain.base.cluster import Cluster
 from disttrain.base.config import steps_count
 from disttrain.base.errors import ConfigError
@@ -305,8 +306,9 @@ class Strategy(abc.ABC):
 
     - `compute_gradients(optimizer, loss, read=None)`: this task's gradients
       (call the base's; `read` says how a tower reads a variable);
-    - `scope()`, `plan_placement(build_fn)`, `plan_from(specs)`,
-      `variable_devices`, `place_remaining(global_step)`: where variables go;
+    - `device_setter()`, `variable_getter()` (what `scope()` installs),
+      `plan_placement(build_fn)`, `plan_from(specs)`, `variable_devices`,
+      `place_remaining(global_step)`: where variables go;
     - `examples_per_step(batch_size)`: examples one global step consumes
       (multiply the base's: it counts towers and accumulated micro-batches);
     - `hooks(last_step)`, `traced_loops()`, `scaffold(saver=None)`: what the session runs;
@@ -328,10 +330,9 @@ class Strategy(abc.ABC):
     uses_ps = False
     knobs: tuple[str, ...] = ()
     baseline = False
-    # The plan of variables over PS tasks (PsStrategy makes one; None: no plan) and the
-    # variables placed whole because they were too large for a fair share.
-    plan: placement.Plan | None = None
-    placed_whole: Sequence[placement.Unsplit] = ()
+    # A subclass's own pieces of a build, as `self.made` holds them (its subclass of Made, with
+    # their fields); one per build, so a new build starts from none.
+    Made = building_lib.Made
     # After a lost peer, can MonitoredSession's new session carry on? (TF aborts
     # collectives for the rest of the process, so all-reduce must restart.)
     recovers_in_process = True
@@ -379,12 +380,8 @@ class Strategy(abc.ABC):
         self.max_imbalance = max_imbalance
         if self.uses_ps and not cluster.is_local and cluster.num_ps == 0:
             raise ConfigError(f"{type(self).__name__} needs at least one 'ps' task in the cluster")
-        # Embedding tables by name, known from the same scratch build as the plan (None: not known):
-        # towers never copy them, each looks its rows up where the table is.
-        self.tables: frozenset[str] | None = None
-        # A callable op -> device with `tower(device)` (a context) and `plan` (set by minimize).
-        self.setter: placement.DeviceSetter | None = None
-        # The minimize() call in progress and the last one's record (disttrain.strategies.building).
+        # The minimize() call in progress, the last one's record and where variables go: the only
+        # state a strategy changes after this constructor (disttrain.strategies.building).
         self._record = building_lib.Record()
 
     # ---- devices ----------------------------------------------------
@@ -406,6 +403,32 @@ class Strategy(abc.ABC):
 
     # ---- placement ----------------------------------------------------
 
+    @property
+    def plan(self) -> placement.Plan | None:
+        """The plan of variables over the PS tasks (PsStrategy makes one; None: no plan)."""
+        return self._record.placed.plan
+
+    @property
+    def setter(self) -> placement.DeviceSetter | None:
+        """The device setter `scope()` installed: a callable op -> device with `tower(device)` and `plan`."""
+        return self._record.placed.setter
+
+    @property
+    def tables(self) -> frozenset[str] | None:
+        """Embedding tables by name, known from the scratch build that made the plan (None: not known):
+        towers never copy them, each looks its rows up where the table is."""
+        return self._record.placed.tables
+
+    @property
+    def placed_whole(self) -> Sequence[placement.Unsplit]:
+        """The variables placed whole because they were too large for a fair share."""
+        return self._record.placed.placed_whole
+
+    @property
+    def made(self) -> building_lib.Made:
+        """This strategy's own pieces of the build in progress, else of the last one it took part in."""
+        return self._record.made_by(self)
+
     def plan_placement(self, build_fn: Callable[[], object]) -> placement.Plan | None:
         """Plan placement from the variables `build_fn` creates (PsStrategy: balance them by bytes).
 
@@ -413,19 +436,31 @@ class Strategy(abc.ABC):
         it with the same variable names the real model will use. Without a plan
         variables still go greedily by bytes, in creation order, unsplit.
         """
-        self.plan = self.plan_from(placement.collect_variables(build_fn))
+        self._record.placed.plan = self.plan_from(placement.collect_variables(build_fn))
         return self.plan
 
     @contextlib.contextmanager
     def scope(self):
-        """Variables created inside go where this strategy places them."""
-        graph = v1.get_default_graph()
-        self.setter = placement.DeviceSetter(
-            self.variable_devices, self.compute_devices[0], self.input_device, self.plan
-        )
-        getter = placement.partitioning_getter(lambda: self.plan)  # planned later by minimize() too
-        with graph.device(self.setter), v1.variable_scope(v1.get_variable_scope(), custom_getter=getter):
+        """Variables created inside go where this strategy places them: each op where
+        `device_setter()` says, each variable made as `variable_getter()` makes it."""
+        setter = self._record.placed.setter = self.device_setter()
+        getter = self.variable_getter()
+        with (
+            v1.get_default_graph().device(setter),
+            v1.variable_scope(v1.get_variable_scope(), custom_getter=getter),
+        ):
             yield self
+
+    def device_setter(self) -> placement.DeviceSetter:
+        """What `scope()` places ops with: a callable op -> device, with a `tower(device)` context and a
+        `plan` attribute that `minimize()` sets (here: variables by bytes, as the plan says)."""
+        devices = self.variable_devices, self.compute_devices[0], self.input_device
+        return placement.DeviceSetter(*devices, self.plan)
+
+    def variable_getter(self) -> Callable:
+        """The custom getter `scope()` makes variables with (here: split as the plan says, planned
+        later by minimize() too)."""
+        return placement.partitioning_getter(lambda: self.plan)
 
     # ---- gradients ----------------------------------------------------
 
@@ -742,6 +777,7 @@ class Strategy(abc.ABC):
     def building_within(self, build: Building):
         """Build as part of `build`: a strategy used inside another's step (a hybrid's ring) shares it."""
         outer, self._record.building = self._record.building, build
+        self._record.last = build
         try:
             yield build
         finally:
@@ -834,7 +870,7 @@ class Strategy(abc.ABC):
         """Plan from a scratch build of the loss function unless planned; hand the setter the plan."""
         if self.plan is None and self.tables is None and callable(loss):
             try:
-                self.plan = self.plan_from(placement.collect_get_variables(loss))
+                self._record.placed.plan = self.plan_from(placement.collect_get_variables(loss))
             except placement.NotReplayable:
                 pass  # placed whole after the build
             self.setter.plan = self.plan
@@ -852,7 +888,7 @@ class Strategy(abc.ABC):
 
     def plan_from(self, specs) -> placement.Plan | None:
         """The plan for these variable specs (here: none); notes which are embedding tables."""
-        self.tables = frozenset(s.name for s in specs if s.table)
+        self._record.placed.tables = frozenset(s.name for s in specs if s.table)
         return None
 
     def place_remaining(self, global_step) -> None:
@@ -936,8 +972,12 @@ class Strategy(abc.ABC):
         counted."""
         return batch_size * self.num_towers * self.accumulate_steps
 
-    def hooks(self, last_step: int | None = None) -> list:
-        """Session hooks this strategy needs (built after minimize()); training ends at `last_step`."""
+    def hooks(self, last_step: int | None = None, notice: preemption.Notice | None = None) -> list:
+        """Session hooks this strategy needs (built after minimize()); training ends at `last_step`.
+
+        `notice`: this task's preemption notice, which hooks that stop or vote
+        on a preemption read (None: the process's, `preemption.PROCESS`).
+        """
         return []
 
     def traced_loops(self) -> list:

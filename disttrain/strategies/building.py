@@ -15,6 +15,16 @@ read back by the training loop. Now:
   loop fetches or feeds. `Strategy.build_step()` returns it; `minimize()`
   returns its train op, and the strategy keeps the last record for
   `disttrain.session(strategy)` (`Strategy.built`).
+- A strategy's own pieces of a build (the async PS's transfer loop, the sync
+  PS's aggregation ops, the ring's instance keys and vote) are its `Made`,
+  kept in the `Building` they belong to (`Building.made`, one per strategy
+  taking part) and read as `strategy.made`: a new build starts from none.
+- `Placed` is where the strategy puts variables in the graph at hand: the
+  plan, the device setter, the embedding tables, the variables placed whole.
+  `plan_placement()`, `scope()` and `place_remaining()` fill it in.
+
+`Record`, made in the strategy's constructor, holds all of these: nothing
+else on a strategy changes after its constructor.
 
 `strategy.loss`, `strategy.step_in_run` and the other names of 0.1.0 stay,
 as read-only views of the build in progress or else of the last record
@@ -24,8 +34,13 @@ as read-only views of the build in progress or else of the last record
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from disttrain.graph import placement
 
 
 @dataclasses.dataclass
@@ -61,6 +76,9 @@ class Building:
     global_step_read: tf.Tensor | None = None
     global_step_refresh: tf.Operation | None = None
     stop_step_read: tf.Tensor | None = None
+    # Each strategy's own pieces of this build (its `Made`), by strategy: a hybrid's ring builds
+    # within the hybrid's build and keeps its own here.
+    made: dict = dataclasses.field(default_factory=dict)
 
     @property
     def reads_again(self) -> bool:
@@ -103,8 +121,28 @@ class Step:
         )
 
 
+@dataclasses.dataclass
+class Made:
+    """A strategy's own pieces of one build: a strategy with any declares a subclass with its fields."""
+
+
+@dataclasses.dataclass
+class Placed:
+    """Where a strategy puts variables in the graph at hand (kept across its builds)."""
+
+    # The plan of variables over the PS tasks (None: no plan; variables go greedily, whole).
+    plan: placement.Plan | None = None
+    # The device setter scope() installs: a callable op -> device with `tower(device)` and `plan`.
+    setter: placement.DeviceSetter | None = None
+    # Embedding tables by name, known from the scratch build that made the plan (None: not known).
+    tables: frozenset[str] | None = None
+    # The variables placed whole because they were too large for a fair share.
+    placed_whole: Sequence[placement.Unsplit] = ()
+
+
 class Record:
-    """A strategy's builds: the one in progress (`building`) and the last one's record (`built`).
+    """A strategy's builds and placement: the build in progress (`building`), the last one it took
+    part in (`last`), the last one's record (`built`), and where it places variables (`placed`).
 
     Made in the strategy's constructor; the only state a build leaves on it.
     `loose` collects what the strategy's parts make when called on their own,
@@ -113,14 +151,24 @@ class Record:
 
     def __init__(self):
         self.building: Building | None = None
+        self.last: Building | None = None
         self.built: Step | None = None
         self.loose = Building(global_step=None)
+        self.placed = Placed()
 
     def now(self) -> Building | Step:
         """The build in progress, else the last record, else the loose parts'."""
         if self.building is not None:
             return self.building
         return self.built if self.built is not None else self.loose
+
+    def made_by(self, strategy) -> Made:
+        """`strategy`'s own pieces of the build in progress, else of the last one it took part in
+        (else of its loose parts), made empty on first use."""
+        build = next(b for b in (self.building, self.last, self.loose) if b is not None)
+        if strategy not in build.made:
+            build.made[strategy] = strategy.Made()
+        return build.made[strategy]
 
 
 # What each field is before anything is built: Building's defaults (Step's own fields: None).

@@ -27,8 +27,8 @@ its state, such as Adam's step powers, lives beside the tables on the PS).
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import dataclasses
 
 import tensorflow as tf
 
@@ -107,7 +107,12 @@ class SyncHybrid(SyncParameterServer):
         )
         self.densify_below_bytes = self.ring.densify_below_bytes
         self.bucket_bytes, self.communication_hint = bucket_bytes, communication_hint
-        self._table_optimizer = None  # the tables' update's own optimizer (made by apply_gradients)
+
+    @dataclasses.dataclass
+    class Made(SyncParameterServer.Made):
+        """The hybrid's pieces of a build, beside the sync PS's (the ring keeps its own)."""
+
+        table_optimizer: object = None  # the tables' update's own optimizer, made by the run's first step
 
     # ---- placement: tables on the PS, the rest where the replica computes --------
 
@@ -119,11 +124,11 @@ class SyncHybrid(SyncParameterServer):
         """Whether a variable lives on the PS tasks: a table larger than densify_below_bytes."""
         return table and nbytes > self.densify_below_bytes
 
-    @contextlib.contextmanager
-    def scope(self):
-        with super().scope():
-            self.setter.unplanned_device = self.variable_devices_local
-            yield self
+    def device_setter(self):
+        """The base's, but a variable the plan did not place stays on the worker, not a PS."""
+        setter = super().device_setter()
+        setter.unplanned_device = self.variable_devices_local
+        return setter
 
     @property
     def variable_devices_local(self) -> str:
@@ -145,7 +150,7 @@ class SyncHybrid(SyncParameterServer):
         ]
         loads = self.plan.loads if self.plan is not None else ()
         if tables:
-            _, self.placed_whole = placement.place_whole(tables, self.cluster.num_ps, loads)
+            _, self._record.placed.placed_whole = placement.place_whole(tables, self.cluster.num_ps, loads)
 
     # ---- the step ---------------------------------------------------------------
 
@@ -153,10 +158,12 @@ class SyncHybrid(SyncParameterServer):
         tables = [(g, v) for g, v in grads_and_vars if _on_ps(v)]
         dense = [(g, v) for g, v in grads_and_vars if not _on_ps(v)]
         ring = self.ring
+        made = self.made
         if self.step_in_run == 0:
-            ring.start_graph()
+            with ring.building_within(self.building):  # the ring's pieces are part of this build
+                ring.start_graph()
             # The tables' optimizer: state of its own, made once (every step of a run updates it).
-            self._table_optimizer = _own_state(optimizer)
+            made.table_optimizer = _own_state(optimizer)
         contributed, vote = self.data_weight, None
         if self.cluster.num_replicas > 1 and not self.cluster.is_local:
             with ring.building_within(self.building):  # the ring reads this step's data weight
@@ -167,12 +174,12 @@ class SyncHybrid(SyncParameterServer):
         if not tables or self.cluster.is_local:
             # One process, or no table: the whole update is one process's.
             table_update = (
-                self.when_data(lambda: self._table_optimizer.apply_gradients(tables), contributed)
+                self.when_data(lambda: made.table_optimizer.apply_gradients(tables), contributed)
                 if tables
                 else tf.no_op()
             )
         else:
-            table_update = super().apply_gradients(self._table_optimizer, tables, self._table_step())
+            table_update = super().apply_gradients(made.table_optimizer, tables, self._table_step())
             table_update = self._every_replica_released(table_update)
         votes = [vote] if vote is not None else []
         return tf.group(dense_update, table_update, *votes, name="hybrid_train_op")
@@ -193,7 +200,7 @@ class SyncHybrid(SyncParameterServer):
             tf.control_dependencies([release]),
         ):
             (barrier,) = allreduce.all_reduce_mean(
-                [tf.zeros([1])], self.ring.group_size, 4, instance_keys=self.ring._keys
+                [tf.zeros([1])], self.ring.group_size, 4, instance_keys=self.ring.made.keys
             )
         return barrier
 
@@ -213,8 +220,8 @@ class SyncHybrid(SyncParameterServer):
                 collections=[v1.GraphKeys.GLOBAL_VARIABLES],
             )
 
-    def hooks(self, last_step: int | None = None) -> list:
-        return super().hooks(last_step) + self.ring.hooks(last_step)
+    def hooks(self, last_step: int | None = None, notice=None) -> list:
+        return super().hooks(last_step, notice) + self.ring.hooks(last_step, notice)
 
     @property
     def votes_on_preemption(self) -> bool:
@@ -230,7 +237,7 @@ class SyncHybrid(SyncParameterServer):
         """
         if self.cluster.is_local or self.cluster.num_replicas == 1:
             return v1.train.Scaffold(saver=saver)
-        if self.ring._keys is None:
+        if self.ring.made.keys is None:
             raise RuntimeError("SyncHybrid.scaffold() needs minimize() first")
         variables = v1.global_variables()
         mine = [v for v in variables if not _on_ps(v)]

@@ -42,8 +42,6 @@ class PsStrategy(Strategy):
         if piece_bytes is not None and piece_bytes < 1:
             raise ConfigError(f"{type(self).__name__}.piece_bytes must be >= 1 (or None), got {piece_bytes}")
         self.piece_bytes = piece_bytes
-        self.plan: placement.Plan | None = None
-        self.placed_whole: list[placement.Unsplit] = []  # variables too large to place whole fairly
 
     @property
     def variable_devices(self) -> list[str]:
@@ -72,7 +70,7 @@ class PsStrategy(Strategy):
         ops = [op for op in dict.fromkeys(self.setter.unplanned + outside) if op is not global_step.op]
         loads = self.plan.loads if self.plan is not None else ()
         if ops:
-            _, self.placed_whole = placement.place_whole(ops, self.cluster.num_ps, loads)
+            _, self._record.placed.placed_whole = placement.place_whole(ops, self.cluster.num_ps, loads)
 
     def compute_gradients(self, optimizer, loss, read: Callable | None = None):
         """As the base; with piece_bytes and PS tasks, the default read brings variables in waves."""

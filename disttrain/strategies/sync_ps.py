@@ -27,6 +27,7 @@ of hanging (no 120 s shutdown).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -77,6 +78,13 @@ class SyncParameterServer(PsStrategy):
     knobs = ("backup_workers", "piece_bytes", "transfer_dtype")
     aggregate_clipped_at = "the accumulators' mean, each variable's part on its PS"
 
+    @dataclasses.dataclass
+    class Made(PsStrategy.Made):
+        """The sync PS's pieces of a build."""
+
+        step: tf.Tensor | None = None  # the global step as read at the start of the step being built
+        sync: _SyncOps | None = None  # the aggregation graph, built by the run's first step
+
     def __init__(
         self,
         cluster,
@@ -96,8 +104,6 @@ class SyncParameterServer(PsStrategy):
             )
         self.backup_workers = backup_workers
         self.replicas_to_aggregate = n - backup_workers
-        self._step = None  # the global step as read at the start of this replica's step
-        self._sync: _SyncOps | None = None  # the aggregation graph, built by apply_gradients
 
     @property
     def aggregates(self) -> bool:
@@ -128,14 +134,14 @@ class SyncParameterServer(PsStrategy):
             return super().compute_gradients(optimizer, loss, read)
         global_step = v1.train.get_or_create_global_step()
         with tf.name_scope("sync_step"):
-            self._step = tf.identity(global_step.read_value(), name="local_step")
+            step = self.made.step = tf.identity(global_step.read_value(), name="local_step")
         graph = v1.get_default_graph()
         before = len(graph.get_operations())
         grads_and_vars = super().compute_gradients(optimizer, loss, read)
         new = graph.get_operations()[before:]
         initializers = [v.initializer for v in v1.global_variables() + v1.local_variables()]
         for op in _step_reads(new, {op for op in initializers if op in set(new)}):
-            tf_internals.add_control_input(op, self._step.op)
+            tf_internals.add_control_input(op, step.op)
         return grads_and_vars
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
@@ -148,7 +154,7 @@ class SyncParameterServer(PsStrategy):
             )
             transfer.narrow_reads([update], self.transfer_dtype)
             return update
-        if self._step is None:
+        if self.made.step is None:
             raise RuntimeError(
                 "SyncParameterServer.apply_gradients needs compute_gradients first (use minimize)"
             )
@@ -159,7 +165,7 @@ class SyncParameterServer(PsStrategy):
         accumulators, applies = self._accumulate(sent)
         done, tokens, release, drain = self._report_and_wait(global_step, applies)
         if self.step_in_run == 0:  # later steps of a run report to the same queues (shared names)
-            self._sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
+            self.made.sync = self._closing_ops(optimizer, global_step, accumulators, done, tokens, drain)
         train_op = tf.group(release, name="sync_train_op")
         transfer.narrow_reads([train_op], self.transfer_dtype)
         return train_op
@@ -181,7 +187,8 @@ class SyncParameterServer(PsStrategy):
         with tf.name_scope("sync_accumulate"):
             # A replica whose data has ended (Join) sends nothing: its gradients are tagged with a
             # step older than any, which every accumulator drops.
-            tag = self._step if self.data_weight is None else tf.where(self.data_weight > 0, self._step, -1)
+            step = self.made.step
+            tag = step if self.data_weight is None else tf.where(self.data_weight > 0, step, -1)
             for grad, var in grads_and_vars:
                 with tf.device(var.device):
                     grad = transfer.arriving(grad, var)
@@ -210,7 +217,7 @@ class SyncParameterServer(PsStrategy):
             # each step without counting, until every replica's data has ended).
             weight = tf.constant(1) if self.data_weight is None else tf.cast(self.data_weight, tf.int32)
             with tf.control_dependencies(applies):
-                report = done.enqueue((tf.constant(self._me, tf.int32), self._step, weight))
+                report = done.enqueue((tf.constant(self._me, tf.int32), self.made.step, weight))
             with tf.control_dependencies([report]):
                 release = tokens[self._me].dequeue()
             own = tokens[self._me]
@@ -266,14 +273,16 @@ class SyncParameterServer(PsStrategy):
             drain=drain,
         )
 
-    def hooks(self, last_step: int | None = None) -> list:
-        if not self._sync:
+    def hooks(self, last_step: int | None = None, notice: preemption.Notice | None = None) -> list:
+        sync = self.made.sync
+        if not sync:
             return []
-        hooks = [_DrainOwnTokens(self._sync.drain)]
+        hooks = [_DrainOwnTokens(sync.drain)]
         if self.cluster.is_chief:
             n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
             every = self.closes_with_every_replica
-            hooks.append(_Aggregator(self._sync, n, needed, last_step, every, self.steps_per_run))
+            notice = preemption.given(notice)
+            hooks.append(_Aggregator(sync, n, needed, last_step, every, self.steps_per_run, notice))
         return hooks
 
 
@@ -440,9 +449,10 @@ class _Aggregator(v1.train.SessionRunHook):
         last_step: int | None = None,
         every: bool = False,
         steps_per_run: int = 1,
+        notice: preemption.Notice = preemption.PROCESS,
     ):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
-        self._every, self._steps_per_run = every, steps_per_run
+        self._every, self._steps_per_run, self._notice = every, steps_per_run, notice
         self._in_run = threading.Event()  # the chief's main thread is inside a run of the train op
         self._threads: list[threading.Thread] = []
         self._closing = False  # set at the end of training: the token queues are being closed
@@ -479,7 +489,7 @@ class _Aggregator(v1.train.SessionRunHook):
         self._in_run.clear()
 
     def end(self, session):
-        if preemption.PROCESS.requested():
+        if self._notice.requested():
             return  # the restarted chief's aggregator goes on with the same queues
         self._close_queues(session)
 

@@ -72,20 +72,16 @@ class TFDefault(Strategy):
     uses_ps = True
     baseline = True  # a system to compare against, not a --strategy choice
 
-    @contextlib.contextmanager
-    def scope(self):
-        """Variables go round robin by count; the tables `plan_from` noted get TF's partitioner."""
+    def device_setter(self):
+        """Variables go round robin by count, as `replica_device_setter` deals them."""
+        return _RoundRobin(self.cluster.num_ps, self.cluster.task_device or None)
+
+    def variable_getter(self):
+        """The tables `plan_from` noted get TF's partitioner."""
         num_ps = self.cluster.num_ps
-        worker_device = self.cluster.task_device or None
-        self.setter = _RoundRobin(num_ps, worker_device)
-        getter = table_partitioning_getter(
+        return table_partitioning_getter(
             lambda: (self.tables or frozenset()) if num_ps else frozenset(), num_ps
         )
-        with (
-            v1.get_default_graph().device(self.setter),
-            v1.variable_scope(v1.get_variable_scope(), custom_getter=getter),
-        ):
-            yield self
 
     def apply_gradients(self, optimizer, grads_and_vars, global_step):
         return self.when_data(lambda: optimizer.apply_gradients(grads_and_vars, global_step=global_step))

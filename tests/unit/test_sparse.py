@@ -87,7 +87,7 @@ def step_fetches(strategy, train_op) -> list:
     if getattr(strategy, "transfer_op", None) is not None:
         fetches.append(strategy.transfer_op)
     if isinstance(strategy, SyncParameterServer):
-        fetches += strategy._sync.update_and_release  # noqa: SLF001  the chief's update
+        fetches += strategy.made.sync.update_and_release  # the chief's update
     return fetches
 
 
