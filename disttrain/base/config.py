@@ -58,6 +58,7 @@ _ACCEPTS = {
     "decay_threshold": _Accepts(float, 0),
     "decay_window": _Accepts(int, 1),
     "trace_steps": _Accepts(int, 0),
+    "breakdown_budget": _Accepts(float, 0),
     "stall_steps": _Accepts(int, 0, none="three logging intervals"),
     "clip_norm": _Accepts(float, 0, above=True, none="no clipping"),
     "preempt_secs": _Accepts(float, 0, above=True, unit=" seconds"),
@@ -122,6 +123,10 @@ class RunSettings:
     trace_steps: write a Chrome trace of this many steps of every replica
       (after its first logging interval) to <logdir>/tasks/<job>_<index>/;
       0: none.
+    breakdown_budget: the share of the run that measuring where each
+      replica's step goes may cost (>= 0): a step is traced now and then,
+      often enough to stay within it (`time/*` in TensorBoard, result.json,
+      the closing lines; disttrain.runtime.breakdown). 0: never.
     stall_steps: a replica stops with exit code 4 when the global step has
       not moved in this many of its own steps (every strategy's step moves
       it: its own update, or the synchronous one it waited for); None: three
@@ -163,6 +168,7 @@ class RunSettings:
     decay_threshold: float = 0.3
     decay_window: int = 3
     trace_steps: int = 0
+    breakdown_budget: float = 0.01
     stall_steps: int | None = None
     clip_norm: float | None = None
     clip_where: str = "replica"

@@ -22,7 +22,7 @@ from disttrain.base.config import TrainConfig
 from disttrain.base.errors import EXIT_TRANSIENT, DisttrainError
 from disttrain.edges import configurables, zoo_run
 from disttrain.launch import errors_to_exit, fail
-from disttrain.runtime import metrics
+from disttrain.runtime import breakdown, metrics
 
 OPERATIVE_CONFIG = "operative_config.gin"
 
@@ -267,6 +267,10 @@ def summary(results: dict[str, dict], codes: dict[str, int], logdir: str) -> str
             f"{chief[0]['cluster_examples_per_sec']:.1f} (from the global step)"
         )
     lines.append(f"  sum over tasks: {total:.1f} examples/sec")
+    traced = {name: r["breakdown"] for name, r in results.items() if r.get("breakdown")}
+    if traced:
+        lines.append("  where the step went:")
+        lines += [f"    {name:12s} {breakdown.Breakdown.of(b).summary()}" for name, b in traced.items()]
     lines.append("  exit codes: " + ", ".join(f"{n} {c}" for n, c in codes.items()))
     lines.append(f"  logs: {logdir}/logs   TensorBoard: tensorboard --logdir={logdir}")
     return "\n".join(lines)

@@ -135,7 +135,7 @@ def text_summary(texts: dict[str, str]) -> v1.Summary:
 _GRAPHLESS_WRITERS: dict[str, v1.summary.FileWriter] = {}
 
 
-def _graphless_writer(logdir: str) -> v1.summary.FileWriter:
+def graphless_writer(logdir: str) -> v1.summary.FileWriter:
     """One event file per directory for this process, as FileWriterCache, but with no graph in it."""
     if logdir not in _GRAPHLESS_WRITERS:
         _GRAPHLESS_WRITERS[logdir] = v1.summary.FileWriter(logdir)
@@ -163,6 +163,8 @@ class TaskThroughput:
     cluster_examples_per_sec: float = 0.0  # chief only: from the global step
     seconds: float = 0.0
     peak_memory_mb: float = 0.0  # this process's peak resident memory (VmHWM), at the end
+    # Where its step went (disttrain.runtime.breakdown.Breakdown as a dict; None: never traced).
+    breakdown: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +232,7 @@ class ThroughputHook(v1.train.SessionRunHook):
         # 8,000 small images, written twice into every task's events at start-up.
         task_dir, cluster_dir = self._dirs
         self._writers = [
-            _graphless_writer(task_dir) if task_dir else None,
+            graphless_writer(task_dir) if task_dir else None,
             v1.summary.FileWriterCache.get(cluster_dir) if cluster_dir else None,
         ]
 

@@ -28,7 +28,7 @@ from disttrain.base.deadlines import Deadlines
 from disttrain.base.errors import EXIT_TRANSIENT, ConfigError, DivergedError, StalledError, TransientError
 from disttrain.graph import input_context, input_feeds, placement, run_steps
 from disttrain.graph.clipping import Clip
-from disttrain.runtime import metrics, peers, ps_serving, recovery
+from disttrain.runtime import breakdown, metrics, peers, ps_serving, recovery
 from disttrain.runtime import watchdog as watchdogs
 from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
 from disttrain.strategies.building import Step
@@ -848,12 +848,17 @@ def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThr
     for hook in hooked.phases["finish_together"]:
         if isinstance(hook, _AwaitReplicas) and hook.final_step is not None:
             result.global_step = max(result.global_step, hook.final_step)
+    where = [hook.breakdown() for hook in hooked.phases["watch"] if isinstance(hook, breakdown.BreakdownHook)]
+    if where and where[0] is not None:
+        result.breakdown = dataclasses.asdict(where[0])
     write_result(logdir, cluster.task_type, cluster.task_index, result)
     log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
+    if where and where[0] is not None:
+        log.info(f"{cluster.task_name} {where[0].summary()}")
     return result
 
 
@@ -1016,6 +1021,10 @@ def _watch_hooks(
                 task_dir, settings.trace_steps, settings.log_every_steps, global_step, strategy.traced_loops()
             )
         )
+    if settings.breakdown_budget:
+        after = min(settings.log_every_steps, 20)  # past start-up
+        budget = settings.breakdown_budget
+        hooks.append(breakdown.BreakdownHook(cluster.task_name, after, budget, task_dir, global_step))
     return hooks
 
 

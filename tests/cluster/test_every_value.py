@@ -38,6 +38,7 @@ TWO_WAYS = {
     "keep_checkpoints": (None, 1),
     "stall_steps": (0, None),
     "trace_steps": (2, 0),
+    "breakdown_budget": (0, 0.5),
     "log_every_steps": (2, 1),
     "check_numerics": (False, True),
     "intra_op_threads": (1, 0),

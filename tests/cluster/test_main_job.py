@@ -115,3 +115,18 @@ def test_each_worker_traces_a_step_with_the_ps_ops_in_it(main_job, worker):
     devices = {e["args"]["name"].split()[0] for e in events if e.get("name") == "process_name"}
     assert {d.split("/replica")[0] for d in devices} >= {"/job:ps", "/job:worker"}, devices
     assert any(e.get("ph") == "X" and e["args"]["name"].startswith("fc") for e in events)
+
+
+def test_each_worker_says_where_its_step_went_in_its_result_tensorboard_and_the_summary(main_job):
+    results = read_results(main_job.logdir)
+    for name, r in results.items():
+        where = r["breakdown"]
+        assert where is not None and where["traced"] >= 1, name
+        assert sum(where["seconds"].values()) == pytest.approx(where["step_secs"]), name
+        assert where["seconds"]["compute"] > 0 and 0 <= where["trace_cost"] < 0.5, name
+        shares = scalars(os.path.join(main_job.logdir, "tasks", name), "time/compute")
+        assert shares and all(0 <= share <= 1 for _, share in shares), name
+    lines = main_job.stdout.split("where the step went:", 1)[1].splitlines()
+    for name in results:
+        (line,) = [x for x in lines if x.strip().startswith(name + " ")]
+        assert re.search(r"step [\d.]+ ms: compute \d+%, input \d+%, peers \d+%, transfer \d+%", line), line

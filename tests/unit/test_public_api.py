@@ -193,7 +193,7 @@ def test_the_snapshot_covers_what_users_call():
         "disttrain.SyncAllReduce(cluster, bucket_bytes=",
         "disttrain.Strategy.scope(self)",
         "disttrain.Strategy.minimize(self, optimizer, loss",
-        "disttrain.Strategy.hooks(self, last_step=None)",
+        "disttrain.Strategy.hooks(self, last_step=None, notice=None)",
         "disttrain.Strategy.session_config(self, intra_op_threads=0, inter_op_threads=0)",
         "disttrain.Strategy.config(self, intra_op_threads=0, inter_op_threads=0)",
         "disttrain.RunSettings.log_every_steps = 100  (field)",

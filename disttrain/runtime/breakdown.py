@@ -1,0 +1,353 @@
+"""Where a replica's step goes: computing, waiting for input, moving variables and gradients (per PS
+task), waiting for peers, and the framework's own time.
+
+Every replica times each of its steps and, now and then, traces one
+(`RunOptions.FULL_TRACE`: the StepStats list each op's start and end on
+every device the step ran on, the PS tasks' included). A traced step's
+timeline is swept: each instant goes to one part, the first of `PARTS`
+that has an op running then, so that a transfer hidden behind this task's
+compute costs the step nothing and one that nothing hides is the step's.
+An instant with no op running anywhere is the framework's, as is the time
+outside `session.run` (Python, the hooks, the loop). The parts' shares of
+the traced steps' run time, times the untraced steps' mean run time, plus
+their mean time outside it, give seconds per step that add up to the step.
+
+What counts as what, by op type (`part_of`):
+- input: the input pipeline's get-next ops on this task;
+- peers: collectives (the all-reduce ring) and the sync PS's queues, where a
+  replica waits for the others and for the chief's update;
+- transfer: sends and receives, and whatever runs on a PS task (the update
+  applied there), attributed to that PS task; the async overlap's gradient
+  queue when the step waits for its transfer loop;
+- compute: every other op on this task.
+
+Tracing costs a traced step its own time again and more; the hook traces
+the next step only once the untraced time since the last trace is
+`1 / budget` times what the last trace cost, so the cost stays within the
+budget (1% by default), measured, not assumed (`Breakdown.trace_cost`).
+Clocks: the sweep compares the start times of ops on different tasks, which
+separate hosts read from their own clocks; NTP keeps them within a
+millisecond or so, which is noise beside a step of tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import statistics
+import time
+from collections.abc import Iterable
+
+import tensorflow as tf
+
+from disttrain.graph import run_steps
+from disttrain.runtime import metrics
+
+v1 = tf.compat.v1
+log = logging.getLogger("disttrain")
+
+# In the order the sweep prefers them: an instant in which this task computes is compute, whatever
+# else runs beside it.
+PARTS = ("compute", "input", "peers", "transfer", "framework")
+INPUT_OPS = frozenset(
+    {
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "IteratorGetNextAsOptional",
+        "OptionalGetValue",
+        "OptionalHasValue",
+        "MultiDeviceIteratorGetNextFromShard",
+    }
+)
+TRANSFER_OPS = frozenset({"_Recv", "_HostRecv", "_Send", "_HostSend", "RecvTensor"})
+_QUEUE_OPS = ("QueueDequeue", "QueueEnqueue")
+# Name scopes of the strategies' queues: where a replica waits for peers (sync PS's reports and
+# tokens) or for its own transfer loop (async overlap's one-gradient queue).
+PEER_SCOPES = ("sync_queues/",)
+TRANSFER_SCOPES = ("gradient_queue/",)
+_LABEL = re.compile(r"^(?:\[[^\]]*\]\s*)?([^ ]+) = (\w+)\((.*)")
+# A tensor received from another task: "[3.8MB] [1.9Gb/s] edge_10_grad from /job:worker/... to /job:ps/...".
+_RECEIVED = re.compile(r"^\[([\d.]+)([KMG]?i?B)\].* from (\S+) to (\S+)")
+# Binary, whatever the label says: a 1000 x 1000 float32 gradient (4,000,000 bytes) reads "3.8MB".
+_UNITS = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def _task_of(device: str) -> str:
+    """'/job:ps/replica:0/task:1/device:CPU:0' -> '/job:ps/task:1' ('' for a device of no task)."""
+    job = re.search(r"/job:([^/]+)", device)
+    task = re.search(r"/task:(\d+)", device)
+    return f"/job:{job.group(1)}/task:{task.group(1)}" if job and task else ""
+
+
+def part_of(node_name: str, op: str, device: str, peer_device: str, me: str) -> tuple[str, str]:
+    """(part, the PS task it is moving to or from, or '') of one op run on `device`, for task `me`.
+
+    `peer_device`: the other end of a send or receive ('' for any other op).
+    """
+    task = _task_of(device)
+    if op in TRANSFER_OPS:
+        other = _task_of(peer_device) if task == me else task
+        return "transfer", other if other.startswith("/job:ps/") else ""
+    if task.startswith("/job:ps/") and task != me:
+        return "transfer", task  # the PS's side of the step: the update applied there
+    if task != me:
+        return "", ""  # another replica's op (a collective's other end): not this task's step
+    if op in INPUT_OPS:
+        return "input", ""
+    if op.startswith("Collective"):
+        return "peers", ""
+    if op.startswith(_QUEUE_OPS):
+        if any(scope in node_name for scope in PEER_SCOPES):
+            return "peers", ""
+        if any(scope in node_name for scope in TRANSFER_SCOPES):
+            return "transfer", ""
+    return "compute", ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    start: float  # seconds
+    end: float
+    part: str
+    ps: str = ""  # the PS task a transfer is with ('' if none, or not a transfer)
+    nbytes: float = 0.0  # bytes a received tensor carried (0 where the trace does not say)
+
+
+def spans(step_stats, me: str) -> list[Span]:
+    """The ops of one traced step as spans, each with its part (ops of no part of this task's left out)."""
+    out = []
+    for dev in step_stats.dev_stats:
+        for node in dev.node_stats:
+            span = _span(node, dev.device, me)
+            if span is not None:
+                out.append(span)
+    return out
+
+
+def _span(node, device: str, me: str) -> Span | None:
+    """One op of a trace as a span (None: of no part of this task's step, or of no length)."""
+    label = node.timeline_label or ""
+    match, received = _LABEL.match(label), _RECEIVED.match(label)
+    op = match.group(2) if match else node.node_name.split(":")[0]
+    name = match.group(1) if match else node.node_name
+    peer, nbytes = "", 0.0
+    if received:  # RecvTensor: the side that is not this device's task is the peer
+        source, dest = received.group(3), received.group(4)
+        peer = source if _task_of(dest) == _task_of(device) else dest
+        nbytes = float(received.group(1)) * _UNITS.get(received.group(2), 1)
+    elif match and op in TRANSFER_OPS and " @" in match.group(3):
+        peer = match.group(3).rsplit(" @", 1)[1].rstrip(")")
+    part, ps = part_of(name, op, device, peer, me)
+    start = node.all_start_micros / 1e6
+    end = start + max(node.all_end_rel_micros, 0) / 1e6
+    if not part or end <= start:
+        return None
+    return Span(start, end, part, ps, nbytes)
+
+
+def sweep(traced: Iterable[Span]) -> tuple[dict[str, float], dict[str, float], float]:
+    """The seconds of each part in the window from the first op's start to the last op's end, each
+    instant going to the first part of PARTS with an op running then (none: 'framework'); the
+    transfer seconds by PS task (shared evenly among those moving at that instant); and the window.
+    """
+    traced = list(traced)
+    seconds = dict.fromkeys(PARTS, 0.0)
+    by_ps: dict[str, float] = {}
+    if not traced:
+        return seconds, by_ps, 0.0
+    events = sorted({t for s in traced for t in (s.start, s.end)})
+    # Spans sorted by start, walked once: those running in each elementary interval.
+    ordered = sorted(traced, key=lambda s: s.start)
+    running: list[Span] = []
+    k = 0
+    for left, right in zip(events, events[1:], strict=False):
+        while k < len(ordered) and ordered[k].start <= left:
+            running.append(ordered[k])
+            k += 1
+        running = [s for s in running if s.end > left]
+        width = right - left
+        parts = {s.part for s in running}
+        part = next((p for p in PARTS if p in parts), "framework")
+        seconds[part] += width
+        if part == "transfer":
+            tasks = sorted({s.ps for s in running if s.part == "transfer"})
+            for ps in tasks:
+                by_ps[ps or "other"] = by_ps.get(ps or "other", 0.0) + width / len(tasks)
+    return seconds, by_ps, events[-1] - events[0]
+
+
+@dataclasses.dataclass
+class Breakdown:
+    """Where this task's step went: seconds per step by part, and what measuring it cost.
+
+    `seconds` adds up to `step_secs`, the mean wall time of this task's steps
+    (a run of several steps counts as that many); `transfer_by_ps` splits the
+    transfer seconds by PS task; `traced` is how many steps the shares come
+    from; `trace_cost` is what tracing added, as a share of the run;
+    `bytes_by_ps` is what the tensors received from and by each PS task
+    carried per step, as the traces label them (two significant digits; the
+    median over the traced steps whose trace has the transfers' labels, which
+    a trace now and then lacks).
+    """
+
+    step_secs: float = 0.0
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    transfer_by_ps: dict[str, float] = dataclasses.field(default_factory=dict)
+    bytes_by_ps: dict[str, float] = dataclasses.field(default_factory=dict)  # received, per step
+    traced: int = 0
+    trace_cost: float = 0.0
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.seconds.values())
+        return {p: (s / total if total > 0 else 0.0) for p, s in self.seconds.items()}
+
+    def line(self) -> str:
+        """'compute 61%, input 2%, transfer 30% (ps0 27%, ps1 3%), peers 0%, framework 7%'."""
+        shares, total = self.shares(), sum(self.seconds.values())
+        parts = []
+        for part in PARTS:
+            text = f"{part} {100 * shares.get(part, 0.0):.0f}%"
+            if part == "transfer" and len(self.transfer_by_ps) > 1 and total > 0:
+                each = ", ".join(
+                    f"{_short(ps)} {100 * s / total:.0f}%" for ps, s in sorted(self.transfer_by_ps.items())
+                )
+                text += f" ({each})"
+            parts.append(text)
+        return ", ".join(parts)
+
+    def summary(self) -> str:
+        """The closing line: 'step 42.1 ms: compute 61%, ... (3 steps traced, 0.4% of the run)'."""
+        return (
+            f"step {1000 * self.step_secs:.1f} ms: {self.line()} "
+            f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run)"
+        )
+
+    @classmethod
+    def of(cls, fields: dict) -> Breakdown:
+        """From its dict (a result.json's `breakdown`)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in known})
+
+
+def _short(task: str) -> str:
+    """'/job:ps/task:1' -> 'ps1'."""
+    match = re.fullmatch(r"/job:(\w+)/task:(\d+)", task)
+    return f"{match.group(1)}{match.group(2)}" if match else task
+
+
+class BreakdownHook(v1.train.SessionRunHook):
+    """Times every step of this task and traces one now and then; `breakdown()` says where they went.
+
+    me: this task ('/job:worker/task:0'). after_steps: local steps before any
+    is counted (start-up); the first trace comes `MIN_TIMED` timed steps
+    later. budget: the share of the run that tracing may cost. task_logdir:
+    where `time/<part>` (share of the traced step) and `time/step_ms` go at
+    each traced step (None: nowhere). global_step: fetched with a traced
+    step, to write its scalars at.
+    """
+
+    MIN_TIMED = 10
+
+    def __init__(self, me: str, after_steps=20, budget=0.01, task_logdir=None, global_step=None):
+        self._me, self._after, self._budget = _task_of(me), after_steps, budget
+        self._logdir, self._writer, self._global_step = task_logdir, None, global_step
+        self._local = 0
+        self._timed = {"steps": 0, "run": 0.0, "outside": 0.0}  # untraced steps and their seconds
+        self._traced = {"steps": 0, "run": 0.0, "window": 0.0, "parts": dict.fromkeys(PARTS, 0.0)}
+        self._by_ps: dict[str, float] = {}
+        self._bytes: dict[str, list[float]] = {}  # per PS task, per traced run: bytes a step
+        self._cost = 0.0  # seconds tracing added
+        self._credit = 0.0  # untraced seconds since the last trace ...
+        self._owed = 0.0  # ... and what they must reach before the next: its cost / budget
+        self._mark: float | None = None  # when the last run ended
+        self._started = 0.0
+        self._tracing = False
+        self._run_started = 0.0
+
+    def begin(self):
+        self._writer = metrics.graphless_writer(self._logdir) if self._logdir else None
+
+    def after_create_session(self, session, coord):
+        self._started = time.perf_counter()
+
+    def before_run(self, run_context):
+        timed = self._timed["steps"]
+        self._tracing = timed >= self.MIN_TIMED and self._credit >= self._owed
+        self._run_started = time.perf_counter()
+        if not self._tracing:
+            return None
+        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+        fetches = self._global_step if self._global_step is not None else []
+        return v1.train.SessionRunArgs(fetches, options=options)
+
+    def after_run(self, run_context, run_values):
+        now = time.perf_counter()
+        steps = run_steps.steps_in(run_context)
+        run_secs = now - self._run_started
+        outside = self._run_started - self._mark if self._mark is not None else 0.0
+        self._mark = now
+        self._local += steps
+        if self._local <= self._after:
+            return  # start-up: not counted
+        if self._tracing:
+            self._take(run_values.run_metadata.step_stats, run_secs, steps, run_values.results)
+            return
+        timed = self._timed
+        timed["steps"] += steps
+        timed["run"] += run_secs
+        timed["outside"] += outside
+        self._credit += run_secs + outside
+
+    def _take(self, step_stats, run_secs: float, steps: int, global_step) -> None:
+        found = spans(step_stats, self._me)
+        seconds, by_ps, window = sweep(found)
+        moved: dict[str, float] = {}
+        for span in found:
+            if span.nbytes and span.ps:
+                moved[span.ps] = moved.get(span.ps, 0.0) + span.nbytes / steps
+        for ps, nbytes in moved.items():
+            self._bytes.setdefault(ps, []).append(nbytes)
+        traced = self._traced
+        traced["steps"] += steps
+        traced["run"] += run_secs
+        traced["window"] += window
+        for part, s in seconds.items():
+            traced["parts"][part] += s
+        for ps, s in by_ps.items():
+            self._by_ps[ps] = self._by_ps.get(ps, 0.0) + s
+        typical = self._timed["run"] / self._timed["steps"] * steps
+        extra = max(run_secs - typical, 0.0)
+        self._cost += extra
+        self._owed, self._credit = extra / self._budget, 0.0
+        if self._writer is not None and window > 0:
+            values = {f"time/{p}": s / window for p, s in seconds.items()}
+            values["time/step_ms"] = 1000 * typical / steps
+            step = int(global_step) if self._global_step is not None else 0
+            self._writer.add_summary(metrics.scalar_summary(values), step)
+
+    def breakdown(self) -> Breakdown | None:
+        """Seconds per step by part (None before any step was traced).
+
+        The traced steps' executor window, split by part, is scaled to an
+        untraced step's time in `session.run` (tracing only lengthens it, so
+        at most that); the rest of that time, and the time between runs, are
+        the framework's.
+        """
+        traced, timed = self._traced, self._timed
+        if not traced["steps"] or not timed["steps"] or traced["window"] <= 0:
+            return None
+        run = timed["run"] / timed["steps"]
+        executor = min(traced["window"] / traced["steps"], run)
+        scale = executor / traced["window"]
+        seconds = {p: s * scale for p, s in traced["parts"].items()}
+        seconds["framework"] += run - executor + timed["outside"] / timed["steps"]
+        elapsed = time.perf_counter() - self._started
+        return Breakdown(
+            step_secs=sum(seconds.values()),
+            seconds=seconds,
+            transfer_by_ps={ps: s * scale for ps, s in self._by_ps.items()},
+            bytes_by_ps={ps: statistics.median(b) for ps, b in self._bytes.items()},
+            traced=traced["steps"],
+            trace_cost=self._cost / elapsed if elapsed > 0 else 0.0,
+        )

@@ -1,0 +1,139 @@
+"""Where a step goes (disttrain.runtime.breakdown): what counts as what, the sweep, and a real trace.
+
+The real trace is of a step whose variable lives on a PS task of a real
+two-server cluster (both servers in this process): its gradient crosses to
+the PS, where the update runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import step_stats_pb2
+
+import disttrain  # noqa: F401  (graph mode)
+from disttrain.edges.local import free_port
+from disttrain.runtime import breakdown
+from disttrain.runtime.breakdown import Span, part_of, sweep
+
+v1 = tf.compat.v1
+ME = "/job:worker/task:0"
+WORKER = "/job:worker/replica:0/task:0/device:CPU:0"
+PS0 = "/job:ps/replica:0/task:0/device:CPU:0"
+PS1 = "/job:ps/replica:0/task:1/device:CPU:0"
+
+
+@pytest.mark.parametrize(
+    "name, op, device, peer, expected",
+    [
+        ("dense/MatMul", "MatMul", WORKER, "", ("compute", "")),
+        ("IteratorGetNext", "IteratorGetNext", WORKER, "", ("input", "")),
+        ("allreduce/CollectiveReduceV2", "CollectiveReduceV2", WORKER, "", ("peers", "")),
+        ("sync_queues/token_0_Dequeue", "QueueDequeueV2", WORKER, "", ("peers", "")),
+        ("gradient_queue/gradients_enqueue", "QueueEnqueueV2", WORKER, "", ("transfer", "")),
+        ("other_queue/Dequeue", "QueueDequeueV2", WORKER, "", ("compute", "")),
+        ("edge_7_v", "RecvTensor", WORKER, PS1, ("transfer", "/job:ps/task:1")),
+        ("edge_9_grad", "RecvTensor", PS0, WORKER, ("transfer", "/job:ps/task:0")),
+        ("update_v/ResourceApplyAdam", "ResourceApplyAdam", PS0, "", ("transfer", "/job:ps/task:0")),
+        ("tower/MatMul", "MatMul", "/job:worker/replica:0/task:1/device:CPU:0", "", ("", "")),
+    ],
+)
+def test_each_op_counts_as_its_part(name, op, device, peer, expected):
+    assert part_of(name, op, device, peer, ME) == expected
+
+
+def test_compute_hides_the_transfer_beside_it_and_an_instant_with_nothing_running_is_the_frameworks():
+    found = [
+        Span(0.0, 4.0, "compute"),
+        Span(3.0, 7.0, "transfer", "/job:ps/task:0"),  # 3-4 hidden behind compute; 4-7 exposed
+        Span(5.0, 6.0, "transfer", "/job:ps/task:1"),  # shares 5-6 with ps0
+        Span(8.0, 9.0, "input"),  # 7-8: nothing running
+        Span(8.5, 10.0, "peers"),  # 8.5-9 under input
+    ]
+    seconds, by_ps, window = sweep(found)
+    assert window == 10.0
+    assert seconds == {"compute": 4.0, "input": 1.0, "peers": 1.0, "transfer": 3.0, "framework": 1.0}
+    assert by_ps == {"/job:ps/task:0": 2.5, "/job:ps/task:1": 0.5}
+    assert sweep([]) == (dict.fromkeys(breakdown.PARTS, 0.0), {}, 0.0)
+
+
+def stats_of(nodes) -> step_stats_pb2.StepStats:
+    """A StepStats with one node per (device, node_name, timeline_label, start µs, length µs)."""
+    stats = step_stats_pb2.StepStats()
+    for device, name, label, start, length in nodes:
+        node = stats.dev_stats.add(device=device).node_stats.add()
+        node.node_name, node.timeline_label = name, label
+        node.all_start_micros, node.all_end_rel_micros = start, length
+    return stats
+
+
+def test_the_trace_labels_tensorflow_writes_are_read_for_part_peer_and_bytes():
+    stats = stats_of(
+        [
+            (WORKER, "MatMul", "[cpu 3.8MB 3.8MB] grad/MatMul = MatMul(IteratorGetNext, Tile)", 100, 50),
+            (WORKER, "IteratorGetNext", "IteratorGetNext = IteratorGetNext(OneShotIterator)", 0, 100),
+            (PS0, "RecvTensor", f"[3.8MB] [1.9Gb/s] edge_10_grad from {WORKER} to {PS0}", 150, 30),
+            (WORKER, "RecvTensor", f"[512B] [0.1Mb/s] edge_7_v from {PS1} to {WORKER}", 0, 10),
+            (PS0, "update", "update = ResourceApplyGradientDescent(v, lr, grad)", 180, 20),
+        ]
+    )
+    found = breakdown.spans(stats, ME)
+    assert [(s.part, s.ps, s.nbytes) for s in found] == [
+        ("compute", "", 0.0),
+        ("input", "", 0.0),
+        ("transfer", "/job:ps/task:0", 3.8 * 2**20),
+        ("transfer", "/job:ps/task:1", 512.0),
+        ("transfer", "/job:ps/task:0", 0.0),
+    ]
+    seconds, _, window = sweep(found)
+    assert window == pytest.approx(200e-6)
+    assert seconds["input"] == pytest.approx(100e-6) and seconds["transfer"] == pytest.approx(50e-6)
+
+
+def test_the_summary_line_names_each_part_and_each_ps():
+    result = breakdown.Breakdown(
+        step_secs=0.1,
+        seconds={"compute": 0.06, "input": 0.01, "peers": 0.0, "transfer": 0.02, "framework": 0.01},
+        transfer_by_ps={"/job:ps/task:0": 0.015, "/job:ps/task:1": 0.005},
+        traced=3,
+        trace_cost=0.004,
+    )
+    assert result.summary() == (
+        "step 100.0 ms: compute 60%, input 10%, peers 0%, transfer 20% (ps0 15%, ps1 5%), framework 10% "
+        "(3 step(s) traced, 0.4% of the run)"
+    )
+    assert breakdown.Breakdown.of({**dataclasses.asdict(result), "later_field": 1}) == result
+
+
+def test_a_real_step_on_a_ps_task_splits_into_parts_that_add_up_to_the_step(tmp_path):
+    spec = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}"]}
+    cluster = tf.train.ClusterSpec(spec)
+    servers = [tf.distribute.Server(cluster, job, 0, start=True) for job in ("ps", "worker")]
+    with tf.Graph().as_default():
+        with tf.device("/job:ps/task:0"):
+            v = v1.get_variable("v", [500, 500])
+        with tf.device("/job:worker/task:0"):
+            batches = tf.data.Dataset.from_tensors(tf.ones([8, 500])).repeat()
+            x = v1.data.make_one_shot_iterator(batches).get_next()
+            step = v1.train.get_or_create_global_step()
+            loss = tf.reduce_sum(tf.matmul(x, v))
+            train = v1.train.GradientDescentOptimizer(1e-6).minimize(loss, global_step=step)
+        hook = breakdown.BreakdownHook(
+            ME, after_steps=2, budget=1.0, task_logdir=str(tmp_path), global_step=step
+        )
+        with v1.train.MonitoredSession(
+            v1.train.ChiefSessionCreator(master=servers[1].target), hooks=[hook]
+        ) as session:
+            for _ in range(40):
+                session.run(train)
+        result = hook.breakdown()
+    assert result is not None and result.traced >= 1
+    assert sum(result.seconds.values()) == pytest.approx(result.step_secs)
+    assert set(result.seconds) == set(breakdown.PARTS)
+    assert result.seconds["compute"] > 0 and result.seconds["transfer"] > 0
+    assert set(result.transfer_by_ps) == {"/job:ps/task:0"}
+    # The gradient of v (500 x 500 float32) crosses to the PS each step, as the trace labels say.
+    assert result.bytes_by_ps["/job:ps/task:0"] >= 0.9 * 500 * 500 * 4
+    assert 0 <= result.trace_cost < 1
