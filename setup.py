@@ -71,6 +71,7 @@ setup(
             "disttrain-accuracy=disttrain.scripts.accuracy:run",
             "disttrain-export=disttrain.scripts.export:run",
             "disttrain-tables=disttrain.scripts.tables:run",
+            "disttrain-diagnose=disttrain.scripts.diagnose:run",
         ]
     },
 )

@@ -30,6 +30,7 @@ from disttrain.graph import input_context, input_feeds, placement, run_steps
 from disttrain.graph.clipping import Clip
 from disttrain.runtime import breakdown, metrics, peers, ps_serving, recovery
 from disttrain.runtime import watchdog as watchdogs
+from disttrain.strategies import waves
 from disttrain.strategies.base import NON_FINITE, Strategy, scalar_loss
 from disttrain.strategies.building import Step
 
@@ -1067,6 +1068,44 @@ def chief_result_step(logdir: str, cluster: Cluster, written_after: float = 0.0)
             return int(json.load(f)["global_step"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def write_run(logdir: str, strategy: Strategy, built: Built, settings: RunSettings, batch_size: int) -> str:
+    """What ran, for the tools that read a run afterwards (disttrain-diagnose): <logdir>/run.json.
+
+    The cluster's shape, the strategy and its knobs, the batch, the model's
+    bytes and the bytes of variables on each PS task (optimizer slots not
+    counted; [] without PS tasks), as the chief built them.
+    """
+    cluster, graph = strategy.cluster, built.graph
+    variables = graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)
+    run = {
+        "cluster": {
+            "ps": cluster.num_ps,
+            "replicas": 1 if cluster.is_local else cluster.num_replicas,
+            "towers": strategy.num_towers,
+        },
+        "strategy": {
+            "class": type(strategy).__name__,
+            "kind": strategy.kind,
+            "synchronous": strategy.synchronous,
+            "baseline": strategy.baseline,
+            **{k: getattr(strategy, k, None) for k in (*strategy.knobs, "overlap") if hasattr(strategy, k)},
+        },
+        "batch_size": batch_size,
+        "steps_per_run": built.step.steps_per_run,
+        "accumulate_steps": built.step.accumulate_steps,
+        "model_bytes": sum(waves.static_bytes(v) for v in variables),
+        "ps_loads": placement.ps_loads(graph, cluster.num_ps, include_slots=False) if cluster.num_ps else [],
+        "settings": {"breakdown_budget": settings.breakdown_budget},
+    }
+    os.makedirs(logdir, exist_ok=True)
+    path = os.path.join(logdir, "run.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(run, f, indent=1, default=str)
+    os.replace(tmp, path)
+    return path
 
 
 def write_result(logdir: str, job: str, index: int, result: metrics.TaskThroughput) -> str:

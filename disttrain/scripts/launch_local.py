@@ -15,6 +15,7 @@ from absl import flags
 
 from disttrain import scripts
 from disttrain.edges import cli
+from disttrain.plan import diagnose
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, in order.")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings.")
@@ -40,7 +41,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag")
-    return cli.launch_local(
+    code = cli.launch_local(
         FLAGS.gin_file,
         FLAGS.gin_param,
         FLAGS.num_ps,
@@ -52,6 +53,12 @@ def main(argv):
         FLAGS.max_restarts,
         FLAGS.private_network,
     )
+    try:
+        run = diagnose.read_run(FLAGS.logdir)
+    except diagnose.RunError:
+        return code  # nothing trained (a finished run's directory): the summary said so
+    print(f"  verdict: {diagnose.verdict(run)}  (more: disttrain-diagnose {FLAGS.logdir})", flush=True)
+    return code
 
 
 def run():

@@ -130,3 +130,13 @@ def test_each_worker_says_where_its_step_went_in_its_result_tensorboard_and_the_
     for name in results:
         (line,) = [x for x in lines if x.strip().startswith(name + " ")]
         assert re.search(r"step [\d.]+ ms: compute \d+%, input \d+%, peers \d+%, transfer \d+%", line), line
+
+
+def test_the_summary_ends_with_the_runs_verdict_and_diagnose_reads_the_run(main_job):
+    (line,) = [x for x in main_job.stdout.splitlines() if x.strip().startswith("verdict:")]
+    assert f"(more: disttrain-diagnose {main_job.logdir})" in line
+    script = os.path.join(REPO, "bin", "diagnose.py")
+    r = subprocess.run([sys.executable, script, main_job.logdir], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "strategy: AsyncParameterServer" in r.stdout and "bytes of variables per PS: " in r.stdout
+    assert re.search(r"worker_0 +step [\d.]+ ms: compute", r.stdout) and "\nverdict: " in r.stdout
