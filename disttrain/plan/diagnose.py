@@ -127,30 +127,36 @@ def _transfer(run: Run, step: float, parts: dict, where: dict) -> list[Finding]:
         return []
     strategy, out = run.strategy, []
     moved = sum(where.get("bytes_by_ps", {}).values())
-    evidence = f"moving variables and gradients takes {_ms(moving)} of a {_ms(step)} step"
+    cause = f"moving variables and gradients takes {_ms(moving)} of a {_ms(step)} step"
     if moved:
-        evidence += f" ({moved / 2**20:.1f} MiB a step)"
+        cause += f" ({moved / 2**20:.1f} MiB a step)"
     loads = run.run.get("ps_loads") or []
-    if len(loads) > 1 and sum(loads):
-        ratio = max(loads) / (sum(loads) / len(loads))
-        if ratio >= UNBALANCED:
-            cause = f"one PS holds most of the bytes (busiest/mean {ratio:.1f}); {evidence}"
-            change = (
-                "balance them: disttrain's PS strategies place variables by bytes and split large ones"
-                if strategy.get("baseline")
-                else "balance them: plan placement from the loss (minimize(loss_fn)) or set piece_bytes"
-            )
-            out.append(Finding(cause, change, _gain(step, moving * (1 - 1 / ratio))))
+    ratio = max(loads) / (sum(loads) / len(loads)) if len(loads) > 1 and sum(loads) else 1.0
+    balanced = 0.0  # what balancing the PS tasks would save
+    if ratio >= UNBALANCED:
+        cause = f"one PS holds most of the bytes (busiest/mean {ratio:.1f}); {cause}"
+        balanced = moving * (1 - 1 / ratio)
+        change = (
+            "balance them: disttrain's PS strategies place variables by bytes and split large ones"
+            if strategy.get("baseline")
+            else "balance them: plan placement from the loss (minimize(loss_fn)) or set piece_bytes"
+        )
+        out.append(Finding(cause, change, _gain(step, balanced)))
     if not strategy.get("transfer_dtype") and "transfer_dtype" in strategy:
         change = f"send 16 bits: {strategy['class']}(transfer_dtype='bfloat16') halves the bytes"
-        out.append(Finding(evidence, change, _gain(step, moving / 2)))
+        out.append(Finding(cause, change, _gain(step, moving / 2)))
     if strategy.get("kind") == "async_ps" and strategy.get("overlap") is False:
         hidden = min(moving, parts.get("compute", 0.0))
         change = "overlap the transfers with compute: AsyncParameterServer(overlap=True)"
-        out.append(Finding(evidence, change, _gain(step, hidden)))
+        out.append(Finding(cause, change, _gain(step, hidden)))
     if strategy.get("baseline"):
-        change = "train with disttrain's AsyncParameterServer(overlap=True): transfers overlap compute"
-        out.append(Finding(evidence, change, _gain(step, min(moving, parts.get("compute", 0.0)))))
+        # Placed by bytes, then what is left moves while the next step computes.
+        saved = balanced + min(moving - balanced, parts.get("compute", 0.0))
+        change = (
+            "train with disttrain's AsyncParameterServer(overlap=True): it places variables by bytes "
+            "and moves them while the next step computes"
+        )
+        out.append(Finding(cause, change, _gain(step, saved)))
     return out
 
 

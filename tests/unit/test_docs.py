@@ -38,6 +38,7 @@ SCRIPTS = {
     "accuracy": "disttrain.scripts.accuracy",
     "export": "disttrain.scripts.export",
     "tables": "disttrain.scripts.tables",
+    "diagnose": "disttrain.scripts.diagnose",
 }
 
 # absl's own flags, which every command accepts (app.run defines the help flags when it starts).
