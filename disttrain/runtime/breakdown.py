@@ -203,7 +203,7 @@ class Breakdown:
         return {p: (s / total if total > 0 else 0.0) for p, s in self.seconds.items()}
 
     def line(self) -> str:
-        """'compute 61%, input 2%, transfer 30% (ps0 27%, ps1 3%), peers 0%, framework 7%'."""
+        """'compute 61%, input 2%, peers 0%, transfer 30% (ps0 27%, ps1 3%), framework 7%'."""
         shares, total = self.shares(), sum(self.seconds.values())
         parts = []
         for part in PARTS:
@@ -217,7 +217,7 @@ class Breakdown:
         return ", ".join(parts)
 
     def summary(self) -> str:
-        """The closing line: 'step 42.1 ms: compute 61%, ... (3 steps traced, 0.4% of the run)'."""
+        """The closing line: 'step 42.1 ms: compute 61%, ... (3 step(s) traced, 0.4% of the run)'."""
         return (
             f"step {1000 * self.step_secs:.1f} ms: {self.line()} "
             f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run)"
@@ -254,7 +254,7 @@ class BreakdownHook(v1.train.SessionRunHook):
         self._logdir, self._writer, self._global_step = task_logdir, None, global_step
         self._local = 0
         self._timed = {"steps": 0, "run": 0.0, "outside": 0.0}  # untraced steps and their seconds
-        self._traced = {"steps": 0, "run": 0.0, "window": 0.0, "parts": dict.fromkeys(PARTS, 0.0)}
+        self._traced = {"steps": 0, "window": 0.0, "parts": dict.fromkeys(PARTS, 0.0)}  # traced steps
         self._by_ps: dict[str, float] = {}
         self._bytes: dict[str, list[float]] = {}  # per PS task, per traced run: bytes a step
         self._cost = 0.0  # seconds tracing added
@@ -310,7 +310,6 @@ class BreakdownHook(v1.train.SessionRunHook):
             self._bytes.setdefault(ps, []).append(nbytes)
         traced = self._traced
         traced["steps"] += steps
-        traced["run"] += run_secs
         traced["window"] += window
         for part, s in seconds.items():
             traced["parts"][part] += s
