@@ -480,7 +480,7 @@ def train_replica(
             texts["run/placement"] = placement_report(strategy, built.graph)
             log.info(texts["run/placement"])
         metrics.write_texts(logdir, texts)
-        trainer.write_run(logdir, strategy, built, settings, batch_size)
+        trainer.write_run(logdir, strategy, built, batch_size)
         if on_built is not None:
             on_built()
     with session(

@@ -849,17 +849,18 @@ def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThr
     for hook in hooked.phases["finish_together"]:
         if isinstance(hook, _AwaitReplicas) and hook.final_step is not None:
             result.global_step = max(result.global_step, hook.final_step)
-    where = [hook.breakdown() for hook in hooked.phases["watch"] if isinstance(hook, breakdown.BreakdownHook)]
-    if where and where[0] is not None:
-        result.breakdown = dataclasses.asdict(where[0])
+    timed = [hook for hook in hooked.phases["watch"] if isinstance(hook, breakdown.BreakdownHook)]
+    where = timed[0].breakdown() if timed else None  # None: never traced (or breakdown_budget=0)
+    if where is not None:
+        result.breakdown = dataclasses.asdict(where)
     write_result(logdir, cluster.task_type, cluster.task_index, result)
     log.info(
         f"{cluster.task_name} finished: {result.local_steps} local steps "
         f"to global step {result.global_step}, "
         f"loss {result.final_loss:.4f}, {result.examples_per_sec:.1f} examples/sec (this task)"
     )
-    if where and where[0] is not None:
-        log.info(f"{cluster.task_name} {where[0].summary()}")
+    if where is not None:
+        log.info(f"{cluster.task_name} {where.summary()}")
     return result
 
 
@@ -1070,7 +1071,7 @@ def chief_result_step(logdir: str, cluster: Cluster, written_after: float = 0.0)
         return None
 
 
-def write_run(logdir: str, strategy: Strategy, built: Built, settings: RunSettings, batch_size: int) -> str:
+def write_run(logdir: str, strategy: Strategy, built: Built, batch_size: int) -> str:
     """What ran, for the tools that read a run afterwards (disttrain-diagnose): <logdir>/run.json.
 
     The cluster's shape, the strategy and its knobs, the batch, the model's
@@ -1097,7 +1098,6 @@ def write_run(logdir: str, strategy: Strategy, built: Built, settings: RunSettin
         "accumulate_steps": built.step.accumulate_steps,
         "model_bytes": sum(waves.static_bytes(v) for v in variables),
         "ps_loads": placement.ps_loads(graph, cluster.num_ps, include_slots=False) if cluster.num_ps else [],
-        "settings": {"breakdown_budget": settings.breakdown_budget},
     }
     os.makedirs(logdir, exist_ok=True)
     path = os.path.join(logdir, "run.json")

@@ -348,7 +348,8 @@ class _DrainHook(v1.train.SessionRunHook):
         chief=True,
         timeout_secs=Deadlines.DRAIN_SECS,
         close_grace_secs=Deadlines.DRAIN_CLOSE_GRACE_SECS,
-        notice: preemption.Notice = preemption.PROCESS,
+        *,
+        notice: preemption.Notice,
     ):
         self._counts = (queued.read_value(), applied.read_value())
         self._loop, self._task, self._chief, self._notice = loop, task, chief, notice

@@ -282,7 +282,7 @@ class SyncParameterServer(PsStrategy):
             n, needed = self.cluster.num_replicas, self.replicas_to_aggregate
             every = self.closes_with_every_replica
             notice = preemption.given(notice)
-            hooks.append(_Aggregator(sync, n, needed, last_step, every, self.steps_per_run, notice))
+            hooks.append(_Aggregator(sync, n, needed, last_step, every, self.steps_per_run, notice=notice))
         return hooks
 
 
@@ -449,7 +449,8 @@ class _Aggregator(v1.train.SessionRunHook):
         last_step: int | None = None,
         every: bool = False,
         steps_per_run: int = 1,
-        notice: preemption.Notice = preemption.PROCESS,
+        *,
+        notice: preemption.Notice,
     ):
         self._ops, self._n, self._needed, self._last_step = ops, num_replicas, needed, last_step
         self._every, self._steps_per_run, self._notice = every, steps_per_run, notice
