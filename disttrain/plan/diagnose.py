@@ -4,7 +4,8 @@ rank the changes that would remove it by the gain each should bring.
 It reads what every run writes: the chief's `run.json` (the cluster's shape,
 the strategy and its knobs, the bytes of variables on each PS task) and each
 replica's `result.json` (its throughput and where its step went:
-`disttrain.runtime.breakdown`). A run of TF's default layout (the
+`disttrain.runtime.breakdown`, which also names the parts that bind the
+step, as the chief's verdict does at the end of a run). A run of TF's default layout (the
 benchmark's `tf_default` system) writes the same, so it is read the same way,
 and what disttrain's layout would change shows among the changes.
 
@@ -22,12 +23,8 @@ import json
 import os
 
 from disttrain.launch import read_results
+from disttrain.runtime import breakdown
 from disttrain.runtime.breakdown import Breakdown
-
-# A part of the step is a cause worth naming above this share of it.
-BINDS = 0.2
-# One PS task carrying this much more than the mean of the bytes is unbalanced.
-UNBALANCED = 1.3
 
 
 class RunError(ValueError):
@@ -93,96 +90,78 @@ def _slowest(run: Run) -> tuple[str, dict]:
     return name, replicas[name]
 
 
-def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:.0f} ms"
-
-
 def findings(run: Run) -> list[Finding]:
-    """Every cause found in the run, each with its change, best expected gain first."""
+    """Every cause found in the run, each with its change, best expected gain first.
+
+    The causes are the runtime's (`breakdown.causes`: what binds the slowest
+    replica's step, with the evidence); this adds the changes and their gains.
+    """
     if not run.replicas():
         return []
     name, where = _slowest(run)
-    step, parts = where["step_secs"], where["seconds"]
-    found = (
-        _input(name, step, parts)
-        + _transfer(run, step, parts, where)
-        + _peers(run, name, step, parts)
-        + _framework(run, step, parts)
-    )
+    measured = Breakdown.of(where)
+    found = []
+    for cause in breakdown.causes(measured, name, run.run.get("ps_loads") or []):
+        changes = CHANGES[cause.part](run.strategy, cause, measured)
+        if cause.part == "framework" and (run.run.get("steps_per_run") or 1) > 1:
+            changes = []
+        for change, saved in changes:
+            found.append(Finding(cause.text, change, _gain(measured.step_secs, saved)))
     return sorted(found, key=lambda f: -f.gain)
 
 
-def _input(name: str, step: float, parts: dict) -> list[Finding]:
-    waited = parts.get("input", 0.0)
-    if waited < BINDS * step:
-        return []
-    cause = f"most of {name}'s step waits for its input pipeline ({_ms(waited)} of a {_ms(step)} step)"
-    change = "read in parallel and prefetch (dataset.map(..., num_parallel_calls), .prefetch())"
-    return [Finding(cause, change, _gain(step, waited))]
+def _input(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+    return [
+        ("read in parallel and prefetch (dataset.map(..., num_parallel_calls), .prefetch())", cause.seconds)
+    ]
 
 
-def _transfer(run: Run, step: float, parts: dict, where: dict) -> list[Finding]:
-    moving = parts.get("transfer", 0.0)
-    if moving < BINDS * step:
-        return []
-    strategy, out = run.strategy, []
-    moved = sum(where.get("bytes_by_ps", {}).values())
-    cause = f"moving variables and gradients takes {_ms(moving)} of a {_ms(step)} step"
-    if moved:
-        cause += f" ({moved / 2**20:.1f} MiB a step)"
-    loads = run.run.get("ps_loads") or []
-    ratio = max(loads) / (sum(loads) / len(loads)) if len(loads) > 1 and sum(loads) else 1.0
-    balanced = 0.0  # what balancing the PS tasks would save
-    if ratio >= UNBALANCED:
-        cause = f"one PS holds most of the bytes (busiest/mean {ratio:.1f}); {cause}"
-        balanced = moving * (1 - 1 / ratio)
+def _transfer(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+    moving, out = cause.seconds, []
+    balanced = moving * (1 - 1 / cause.ps_balance)  # what balancing the PS tasks would save
+    if cause.ps_balance >= breakdown.UNBALANCED:
         change = (
             "balance them: disttrain's PS strategies place variables by bytes and split large ones"
             if strategy.get("baseline")
             else "balance them: plan placement from the loss (minimize(loss_fn)) or set piece_bytes"
         )
-        out.append(Finding(cause, change, _gain(step, balanced)))
+        out.append((change, balanced))
     if not strategy.get("transfer_dtype") and "transfer_dtype" in strategy:
-        change = f"send 16 bits: {strategy['class']}(transfer_dtype='bfloat16') halves the bytes"
-        out.append(Finding(cause, change, _gain(step, moving / 2)))
+        out.append(
+            (f"send 16 bits: {strategy['class']}(transfer_dtype='bfloat16') halves the bytes", moving / 2)
+        )
+    compute = where.seconds.get("compute", 0.0)
     if strategy.get("kind") == "async_ps" and strategy.get("overlap") is False:
-        hidden = min(moving, parts.get("compute", 0.0))
-        change = "overlap the transfers with compute: AsyncParameterServer(overlap=True)"
-        out.append(Finding(cause, change, _gain(step, hidden)))
+        out.append(
+            ("overlap the transfers with compute: AsyncParameterServer(overlap=True)", min(moving, compute))
+        )
     if strategy.get("baseline"):
         # Placed by bytes, then what is left moves while the next step computes.
-        saved = balanced + min(moving - balanced, parts.get("compute", 0.0))
         change = (
             "train with disttrain's AsyncParameterServer(overlap=True): it places variables by bytes "
             "and moves them while the next step computes"
         )
-        out.append(Finding(cause, change, _gain(step, saved)))
+        out.append((change, balanced + min(moving - balanced, compute)))
     return out
 
 
-def _peers(run: Run, name: str, step: float, parts: dict) -> list[Finding]:
-    waited = parts.get("peers", 0.0)
-    if waited < BINDS * step:
-        return []
-    strategy = run.strategy
-    cause = f"{name} waits for its peers {_ms(waited)} of a {_ms(step)} step"
-    out = []
+def _peers(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
     if strategy.get("kind") == "sync_ps" and not strategy.get("backup_workers"):
-        change = "let the slowest replica's gradients go: SyncParameterServer(backup_workers=1)"
-        out.append(Finding(cause + " (the sync barrier)", change, _gain(step, waited / 2)))
+        change = (
+            "go on without the slowest replica at the sync barrier: SyncParameterServer(backup_workers=1)"
+        )
+        return [(change, cause.seconds / 2)]
     if strategy.get("kind") == "allreduce" and not strategy.get("transfer_dtype"):
-        change = "send 16 bits over the ring: SyncAllReduce(transfer_dtype='bfloat16')"
-        out.append(Finding(cause + " (the ring)", change, _gain(step, waited / 2)))
-    return out
+        return [("send 16 bits over the ring: SyncAllReduce(transfer_dtype='bfloat16')", cause.seconds / 2)]
+    return []
 
 
-def _framework(run: Run, step: float, parts: dict) -> list[Finding]:
-    own = parts.get("framework", 0.0)
-    if own < BINDS * step or (run.run.get("steps_per_run") or 1) > 1:
-        return []
-    cause = f"the framework's own time (Python, hooks, session.run) is {_ms(own)} of a {_ms(step)} step"
-    change = "make several steps per session.run: steps_per_run=10"
-    return [Finding(cause, change, _gain(step, own * 0.9))]
+def _framework(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+    return [("make several steps per session.run: steps_per_run=10", cause.seconds * 0.9)]
+
+
+# Per part of the step that binds (breakdown.causes): the changes that shrink it, and the seconds each saves.
+CHANGES = {"input": _input, "transfer": _transfer, "peers": _peers, "framework": _framework}
 
 
 def verdict(run: Run) -> str:
@@ -193,8 +172,7 @@ def verdict(run: Run) -> str:
     if found:
         return found[0].line()
     name, where = _slowest(run)
-    share = where["seconds"].get("compute", 0.0) / where["step_secs"]
-    return f"no bottleneck: compute is {100 * share:.0f}% of {name}'s step ({_ms(where['step_secs'])})"
+    return breakdown.verdict(Breakdown.of(where), name)
 
 
 def report(run: Run) -> str:

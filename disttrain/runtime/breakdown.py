@@ -223,11 +223,74 @@ class Breakdown:
             f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run)"
         )
 
+    def of_step(self, part: str) -> str:
+        """'279 ms of a 904 ms step'."""
+        return f"{_ms(self.seconds.get(part, 0.0))} of a {_ms(self.step_secs)} step"
+
     @classmethod
     def of(cls, fields: dict) -> Breakdown:
         """From its dict (a result.json's `breakdown`)."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in fields.items() if k in known})
+
+
+# A part of the step binds it when it is at least this share of it; one PS task carrying this much
+# more than the mean of the bytes is unbalanced.
+BINDS = 0.2
+UNBALANCED = 1.3
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """A part of a replica's step that binds it: the part, its seconds a step and the evidence in words."""
+
+    part: str
+    seconds: float
+    text: str
+    ps_balance: float = 1.0  # transfer: the busiest PS task's bytes over the mean (1.0: balanced or one PS)
+
+
+def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[Cause]:
+    """The parts beside compute that take at least `BINDS` of `name`'s step, longest first.
+
+    ps_loads: bytes of variables on each PS task (run.json's), to say whether
+    one PS carries most of what moves.
+    """
+    loads = list(ps_loads)
+    balance = max(loads) / (sum(loads) / len(loads)) if len(loads) > 1 and sum(loads) else 1.0
+    moved = sum(where.bytes_by_ps.values())
+    transfer = f"moving variables and gradients takes {where.of_step('transfer')}"
+    if moved:
+        transfer += f" ({moved / 2**20:.1f} MiB a step)"
+    if balance >= UNBALANCED:
+        transfer = f"one PS holds most of the bytes (busiest/mean {balance:.1f}); {transfer}"
+    texts = {
+        "input": f"most of {name}'s step waits for its input pipeline ({where.of_step('input')})",
+        "transfer": transfer,
+        "peers": f"{name} waits for its peers {where.of_step('peers')}",
+        "framework": f"the framework's own time (Python, hooks, session.run) is {where.of_step('framework')}",
+    }
+    out = []
+    for part, text in texts.items():
+        seconds = where.seconds.get(part, 0.0)
+        if where.step_secs > 0 and seconds >= BINDS * where.step_secs:
+            out.append(Cause(part, seconds, text, balance if part == "transfer" else 1.0))
+    return sorted(out, key=lambda c: -c.seconds)
+
+
+def verdict(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> str:
+    """One line: what binds `name`'s step, with its evidence, or that compute does."""
+    found = causes(where, name, ps_loads)
+    if found:
+        return found[0].text
+    share = where.seconds.get("compute", 0.0) / where.step_secs if where.step_secs else 0.0
+    return f"no bottleneck: compute is {100 * share:.0f}% of {name}'s step ({_ms(where.step_secs)})"
+
+
+def _ms(seconds: float) -> str:
+    """'279 ms', '0.4 ms'."""
+    ms = 1000 * seconds
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
 
 
 def _short(task: str) -> str:

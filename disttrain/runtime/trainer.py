@@ -861,6 +861,12 @@ def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThr
     )
     if where is not None:
         log.info(f"{cluster.task_name} {where.summary()}")
+    if where is not None and cluster.is_chief:
+        loads = read_run(logdir).get("ps_loads") or []
+        log.info(
+            f"verdict: {breakdown.verdict(where, f'{cluster.task_type}_{cluster.task_index}', loads)} "
+            f"(the changes that would remove it, ranked: disttrain-diagnose {logdir})"
+        )
     return result
 
 
@@ -1106,6 +1112,15 @@ def write_run(logdir: str, strategy: Strategy, built: Built, batch_size: int) ->
         json.dump(run, f, indent=1, default=str)
     os.replace(tmp, path)
     return path
+
+
+def read_run(logdir: str) -> dict:
+    """What `write_run` wrote in `logdir` ({} when it wrote nothing: a user's own loop, `session`)."""
+    try:
+        with open(os.path.join(logdir, "run.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def write_result(logdir: str, job: str, index: int, result: metrics.TaskThroughput) -> str:

@@ -137,3 +137,22 @@ def test_a_real_step_on_a_ps_task_splits_into_parts_that_add_up_to_the_step(tmp_
     # The gradient of v (500 x 500 float32) crosses to the PS each step, as the trace labels say.
     assert result.bytes_by_ps["/job:ps/task:0"] >= 0.9 * 500 * 500 * 4
     assert 0 <= result.trace_cost < 1
+
+
+def test_the_parts_that_bind_the_step_are_named_longest_first_with_their_evidence():
+    where = breakdown.Breakdown(
+        step_secs=0.1,
+        seconds={"compute": 0.03, "input": 0.025, "peers": 0.0, "transfer": 0.04, "framework": 0.005},
+        bytes_by_ps={"/job:ps/task:0": 3 * 2**20, "/job:ps/task:1": 2**20},
+    )
+    found = breakdown.causes(where, "worker_1", ps_loads=[30, 10])
+    assert [c.part for c in found] == ["transfer", "input"]  # framework: 5% of the step, below BINDS
+    assert found[0].text == (
+        "one PS holds most of the bytes (busiest/mean 1.5); moving variables and gradients takes "
+        "40 ms of a 100 ms step (4.0 MiB a step)"
+    )
+    assert found[1].text == "most of worker_1's step waits for its input pipeline (25 ms of a 100 ms step)"
+    assert breakdown.verdict(where, "worker_1", [20, 20]).startswith("moving variables")  # balanced
+    quiet = dataclasses.replace(where, seconds={"compute": 0.092, "framework": 0.008}, step_secs=0.1)
+    assert breakdown.verdict(quiet, "worker_1") == "no bottleneck: compute is 92% of worker_1's step (100 ms)"
+    assert breakdown.causes(breakdown.Breakdown(), "worker_0") == []  # nothing measured: nothing named
