@@ -41,7 +41,7 @@ from disttrain.bench import netem, tf2
 from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, wait_until_quiet, watch
 from disttrain.edges import local, zoo_run
 from disttrain.graph import placement
-from disttrain.plan import traffic
+from disttrain.plan import diagnose, traffic
 from disttrain.runtime import metrics
 
 v1 = tf.compat.v1
@@ -549,6 +549,9 @@ class Benchmark:
             + (f"; DIVERGED (loss {m.first_loss:.3g} -> {m.max_loss:.3g})" if m.diverged else "")
         )
         found = {"measurement": m, "roles": roles, "logdir": logdir, "other_busy_cores": other}
+        found.update(diagnosis(logdir))
+        if "verdict" in found:
+            self.log(f"{self._elapsed()} {where} verdict: {found['verdict']}")
         return found if loads is None else dict(found, ps_loads=loads)
 
     def _row(self, spec: RunSpec, loads, ref: float | None, measured: list[dict]) -> dict:
@@ -586,6 +589,7 @@ class Benchmark:
             row["error"] = best["error"]
             return row
         row["worker_peak_memory_mb"] = _peak_memory_mb(best["logdir"])
+        row.update({k: best[k] for k in ("verdict", "top_change", "predicted_gain") if k in best})
         row.update(_measured_fields(spec, best, batch, ref, row.get("bound_steps_per_sec")))
         return row
 
@@ -615,6 +619,20 @@ def _bound_fields(spec: RunSpec, sizes: traffic.ModelBytes, link_mbit: float | N
         "bound_comm_time_per_round": b.comm_time,
         "ideal_steps_per_sec": spec.workers * ref,
     }
+
+
+def diagnosis(logdir: str) -> dict:
+    """disttrain-diagnose's reading of a run: its verdict, and its first change with the gain predicted.
+
+    {} for a run it cannot read (TF 2's peers write no run.json).
+    """
+    try:
+        run = diagnose.read_run(logdir)
+    except diagnose.RunError:
+        return {}
+    found = diagnose.findings(run)
+    top = {"top_change": found[0].change, "predicted_gain": found[0].gain} if found else {}
+    return {"verdict": diagnose.verdict(run), **top}
 
 
 def _peak_memory_mb(logdir: str) -> float | None:

@@ -98,6 +98,7 @@ STRATEGY_NAMES = {  # disttrain:<kind> and the baseline as the DLRM table names 
 MEASURES = {  # a case's measure -> (the run's field, how a figure reads)
     "one_process": ("scaling_efficiency", "{:.2f}x"),  # x N one processes (N x one process alone)
     "bound": ("efficiency_vs_bound", "{:.2f} of the bound"),
+    "steps": ("counted_steps_per_sec", "{:.2f} steps/s"),
 }
 
 
@@ -629,8 +630,65 @@ def _images(name: str) -> str:
 # ---- the registry --------------------------------------------------------------------------------
 
 Renderer = Callable[..., str]
+SEEDS_DIR = "docs/reports/seeds"  # issue 48's seeds: TF's default layout beside disttrain, in one run
+
+
+@dataclasses.dataclass(frozen=True)
+class Seed:
+    """A report this project exists for, reproduced: what `disttrain-diagnose` says of TF's default
+    layout there, and what its first change gained, disttrain run beside it in the same benchmark."""
+
+    name: str
+    asked: str
+    case: Case
+
+    def row(self, report: dict | None) -> list[str]:
+        head = [self.name, self.asked, self.case.label]
+        if report is None:
+            return [*head, NOT_MEASURED, "-", "-", "-", "-"]
+        runs = self.case.runs(report)
+        tf = next((r for r in runs if is_tf_default(r["system"]) and trained(r)), None)
+        own = best(self.case, report, is_disttrain, "steps")
+        if tf is None or isinstance(own, str) or "verdict" not in tf:
+            return [*head, "failed" if tf is None else "not read", "-", "-", "-", "-"]
+        expected = tf.get("predicted_gain")
+        got = own[0] / tf["counted_steps_per_sec"]
+        half = "-" if expected is None else ("yes" if got - 1 >= (expected - 1) / 2 else "no")
+        gain = "-" if expected is None else f"+{100 * (expected - 1):.0f}%"
+        return [*head, f"`{tf['verdict']}`", gain, f"{100 * (got - 1):+.0f}%", half]
+
+
+SEEDS = [
+    Seed(
+        "000",
+        "1 PS host and 1 worker over 1 GbE: ten times slower than one machine",
+        Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s", f"{SEEDS_DIR}/seed000.json"),
+    ),
+    Seed(
+        "001",
+        "1 PS serving a 76 MB model with Adam to 4 workers: 2 steps/s instead of 150",
+        Case("76 MB MLP, Adam, batch 128, 1 PS + 4 workers, loopback", f"{SEEDS_DIR}/seed001.json"),
+    ),
+]
+
+
+def seeds(root: str) -> str:
+    """docs/diagnose.md's seeds: TF's default layout's verdict, the gain its first change predicts,
+    and what disttrain, which makes that change, got beside it in the same run."""
+    header = ["seed", "asked", "case", "verdict on TF's default layout", "expected", "got", "at least half"]
+    reports = [load(root, seed.case.report) for seed in SEEDS]
+    body = [seed.row(report) for seed, report in zip(SEEDS, reports, strict=True)]
+    what = (
+        "one benchmark run per seed with TF's default layout and disttrain (its first change applied); "
+        "expected: the first change's predicted gain; got: disttrain's counted steps/s over TF's "
+        f"default's in that run; reports in {SEEDS_DIR}/"
+    )
+    return markdown(header, body) + "\n\n" + bench_caption(reports, what)
+
+
 TABLES: dict[str, Renderer | str] = {
     "headline": headline,
+    "seeds": seeds,
     "targets": targets,
     "link_bytes": link_bytes,
     "dlrm": dlrm,

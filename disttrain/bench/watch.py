@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from disttrain.base import machine
 from disttrain.bench import measure as measure_lib
 from disttrain.edges import local
 
@@ -51,16 +52,6 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores of this machine have been busy since boot (any process)."""
-    try:
-        with open("/proc/stat") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    except (OSError, ValueError):
-        return 0.0
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def other_cores(m: measure_lib.Measurement) -> float | None:
@@ -103,7 +94,7 @@ def _counters(procs: list[Proc]) -> dict[str, float]:
     cpu = {p.name: cpu_seconds(p.proc.pid) for p in procs}
     t = os.times()  # this benchmark and the `ip` commands it ran (reaped children)
     cpu[BENCHMARK] = t.user + t.system + t.children_user + t.children_system
-    cpu[MACHINE] = machine_busy_seconds()
+    cpu[MACHINE] = machine.busy_seconds()
     return cpu
 
 
@@ -202,10 +193,10 @@ def wait_until_quiet(
     told = False
     while True:
         t = os.times()
-        own0, busy0 = t.user + t.system, machine_busy_seconds()
+        own0, busy0 = t.user + t.system, machine.busy_seconds()
         time.sleep(sample_secs)
         t = os.times()
-        others = max(0.0, machine_busy_seconds() - busy0 - (t.user + t.system - own0)) / sample_secs
+        others = max(0.0, machine.busy_seconds() - busy0 - (t.user + t.system - own0)) / sample_secs
         if others < max_cores or time.monotonic() > deadline:
             if told:
                 log(f"  other processes use {others:.1f} cores: going ahead")

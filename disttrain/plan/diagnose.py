@@ -13,7 +13,11 @@ The gains are first order, from the run's own seconds: a change removes or
 shrinks one part of the measured step and leaves the others as they were
 (`Finding.gain`: the step before over the step after). They say which change
 to try first, not the speed it will reach; a run after the change measures
-that.
+that. When the machine's cores were all busy while the steps ran (every
+task of a cluster on one machine, as the benchmark's emulated hosts are),
+that comes first: a change of layout then moves the same work onto the same
+cores, so no gain is predicted above what the idle cores allow (cores /
+busy cores), and one below `NOTHING` is not named.
 """
 
 from __future__ import annotations
@@ -31,16 +35,25 @@ class RunError(ValueError):
     """The directory holds no run that can be read (its message says what is missing)."""
 
 
+# A change expected to gain less than this (step before / after) is not worth naming.
+NOTHING = 1.05
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """A cause, its evidence, the change that removes it, and the gain expected (before / after)."""
+    """A cause, its evidence, the change that removes it, and the gain expected (before / after).
+
+    gain None: not predicted from this run (cores of their own: one machine cannot measure what
+    hosts of their own would do).
+    """
 
     cause: str
     change: str
-    gain: float
+    gain: float | None
 
     def line(self) -> str:
-        return f"{self.cause}: {self.change} (expected {100 * (self.gain - 1):.0f}% faster)"
+        expected = "" if self.gain is None else f" (expected {100 * (self.gain - 1):.0f}% faster)"
+        return f"{self.cause}: {self.change}{expected}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,14 +113,31 @@ def findings(run: Run) -> list[Finding]:
         return []
     name, where = _slowest(run)
     measured = Breakdown.of(where)
-    found = []
+    found, cores = [], None
     for cause in breakdown.causes(measured, name, run.run.get("ps_loads") or []):
+        if cause.part == breakdown.CORES:
+            cores = Finding(cause.text, _own_cores(run), None)
+            continue
         changes = CHANGES[cause.part](run.strategy, cause, measured)
         if cause.part == "framework" and (run.run.get("steps_per_run") or 1) > 1:
             changes = []
         for change, saved in changes:
-            found.append(Finding(cause.text, change, _gain(measured.step_secs, saved)))
-    return sorted(found, key=lambda f: -f.gain)
+            gain = _gain(measured.step_secs, saved)
+            if cores is not None:
+                # The same work on the same busy cores: no more steps than the idle cores allow.
+                gain = min(gain, 1 / measured.busy_share)
+            if gain >= NOTHING:
+                found.append(Finding(cause.text, change, gain))
+    return ([cores] if cores else []) + sorted(found, key=lambda f: -f.gain)
+
+
+def _own_cores(run: Run) -> str:
+    tasks = run.run.get("cluster", {})
+    count = tasks.get("ps", 0) + tasks.get("replicas", 1)
+    return (
+        f"give the tasks cores of their own (hosts of their own, or fewer than this run's {count} task(s) "
+        "per machine): a change of layout moves the same work onto the same busy cores"
+    )
 
 
 def _input(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:

@@ -41,6 +41,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
+from disttrain.base import machine
 from disttrain.graph import run_steps
 from disttrain.runtime import metrics
 
@@ -197,6 +198,9 @@ class Breakdown:
     bytes_by_ps: dict[str, float] = dataclasses.field(default_factory=dict)  # received, per step
     traced: int = 0
     trace_cost: float = 0.0
+    cpu_secs: float = 0.0  # this process's CPU seconds per step (every thread: compute, gRPC, input)
+    machine_busy: float = 0.0  # cores' worth this machine kept busy meanwhile (any process; 0: unknown)
+    machine_cores: int = 0
 
     def shares(self) -> dict[str, float]:
         total = sum(self.seconds.values())
@@ -217,11 +221,22 @@ class Breakdown:
         return ", ".join(parts)
 
     def summary(self) -> str:
-        """The closing line: 'step 42.1 ms: compute 61%, ... (3 step(s) traced, 0.4% of the run)'."""
+        """The closing line: 'step 42.1 ms: compute 61%, ... (3 step(s) traced, 0.4% of the run; this
+        machine's 2 cores 97% busy)'."""
+        cores = (
+            f"; this machine's {self.machine_cores} cores {100 * self.busy_share:.0f}% busy"
+            if self.machine_cores
+            else ""
+        )
         return (
             f"step {1000 * self.step_secs:.1f} ms: {self.line()} "
-            f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run)"
+            f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run{cores})"
         )
+
+    @property
+    def busy_share(self) -> float:
+        """The share of this machine's cores busy while the steps were measured (0: unknown)."""
+        return self.machine_busy / self.machine_cores if self.machine_cores else 0.0
 
     def of_step(self, part: str) -> str:
         """'279 ms of a 904 ms step'."""
@@ -238,6 +253,11 @@ class Breakdown:
 # more than the mean of the bytes is unbalanced.
 BINDS = 0.2
 UNBALANCED = 1.3
+# The machine's cores are all taken when at least this share of them was busy while the steps ran.
+SATURATED = 0.9
+
+
+CORES = "cores"  # a cause that is no part of the step: the machine's cores were all busy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +271,8 @@ class Cause:
 
 
 def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[Cause]:
-    """The parts beside compute that take at least `BINDS` of `name`'s step, longest first.
+    """The parts beside compute that take at least `BINDS` of `name`'s step, longest first; before them,
+    `CORES` when the machine's cores were `SATURATED`.
 
     ps_loads: bytes of variables on each PS task (run.json's), to say whether
     one PS carries most of what moves.
@@ -275,7 +296,15 @@ def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[
         seconds = where.seconds.get(part, 0.0)
         if where.step_secs > 0 and seconds >= BINDS * where.step_secs:
             out.append(Cause(part, seconds, text, balance if part == "transfer" else 1.0))
-    return sorted(out, key=lambda c: -c.seconds)
+    out.sort(key=lambda c: -c.seconds)
+    if where.busy_share >= SATURATED:
+        # First: on cores that are all taken, any part of the step may be a wait for one.
+        text = (
+            f"this machine's {where.machine_cores} cores were {100 * where.busy_share:.0f}% busy while "
+            f"{name} stepped (its tasks wait for a core, inside every part of the step)"
+        )
+        out.insert(0, Cause(CORES, where.seconds.get("compute", 0.0), text))
+    return out
 
 
 def verdict(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> str:
@@ -327,6 +356,9 @@ class BreakdownHook(v1.train.SessionRunHook):
         self._started = 0.0
         self._tracing = False
         self._run_started = 0.0
+        self._window: tuple[float, float, float] | None = None  # wall, machine busy, own CPU at the start
+        self._window_end: tuple[float, float, float, int] | None = None  # ... at the last trace, and steps
+        self._counted = 0  # steps since the start
 
     def begin(self):
         self._writer = metrics.graphless_writer(self._logdir) if self._logdir else None
@@ -353,7 +385,12 @@ class BreakdownHook(v1.train.SessionRunHook):
         self._local += steps
         if self._local <= self._after:
             return  # start-up: not counted
-        if self._tracing:
+        if self._window is None:  # the first counted step: the CPU window starts at its end
+            self._window = (now, machine.busy_seconds(), time.process_time())
+        else:
+            self._counted += steps
+        if self._tracing:  # the window ends before reading the trace, which costs this process CPU
+            self._window_end = (now, machine.busy_seconds(), time.process_time(), self._counted)
             self._take(run_values.run_metadata.step_stats, run_secs, steps, run_values.results)
             return
         timed = self._timed
@@ -388,6 +425,20 @@ class BreakdownHook(v1.train.SessionRunHook):
             step = int(global_step) if self._global_step is not None else 0
             self._writer.add_summary(metrics.scalar_summary(values), step)
 
+    def _cpu(self) -> dict:
+        """This process's CPU per step and how busy this machine was, from the first counted step to the
+        last traced one."""
+        if self._window is None or self._window_end is None:
+            return {}
+        (wall, busy, own), (wall_end, busy_end, own_end, steps) = self._window, self._window_end
+        if wall_end <= wall or not steps:
+            return {}
+        found = {"cpu_secs": (own_end - own) / steps}
+        if busy_end > 0:
+            cores = machine.cores()
+            found.update(machine_busy=min((busy_end - busy) / (wall_end - wall), cores), machine_cores=cores)
+        return found
+
     def breakdown(self) -> Breakdown | None:
         """Seconds per step by part (None before any step was traced).
 
@@ -406,6 +457,7 @@ class BreakdownHook(v1.train.SessionRunHook):
         seconds["framework"] += run - executor + timed["outside"] / timed["steps"]
         elapsed = time.perf_counter() - self._started
         return Breakdown(
+            **self._cpu(),
             step_secs=sum(seconds.values()),
             seconds=seconds,
             transfer_by_ps={ps: s * scale for ps, s in self._by_ps.items()},

@@ -862,11 +862,9 @@ def _reported(cluster: Cluster, logdir: str, hooked: _Hooked) -> metrics.TaskThr
     if where is not None:
         log.info(f"{cluster.task_name} {where.summary()}")
     if where is not None and cluster.is_chief:
-        loads = read_run(logdir).get("ps_loads") or []
-        log.info(
-            f"verdict: {breakdown.verdict(where, f'{cluster.task_type}_{cluster.task_index}', loads)} "
-            f"(the changes that would remove it, ranked: disttrain-diagnose {logdir})"
-        )
+        name, loads = f"{cluster.task_type}_{cluster.task_index}", read_run(logdir).get("ps_loads") or []
+        more = "the changes that would remove it, ranked" if breakdown.causes(where, name, loads) else "more"
+        log.info(f"verdict: {breakdown.verdict(where, name, loads)} ({more}: disttrain-diagnose {logdir})")
     return result
 
 

@@ -7,7 +7,7 @@ It reads the run's run.json (cluster, strategy, bytes per PS) and each
 replica's result.json (throughput, and where its step went), prints where
 each replica's step went, a verdict naming what binds it with the evidence,
 and the changes that would remove it, ranked by the gain each should bring
-(disttrain/plan/diagnose.py; docs/why_slow.md walks from each verdict to
+(disttrain/plan/diagnose.py; docs/diagnose.md walks from each verdict to
 its fix). Exit 2 when the directory holds no run it can read.
 """
 

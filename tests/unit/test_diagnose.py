@@ -20,16 +20,25 @@ from tests import REPO
 MB = 2**20
 
 
-def write_run(tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100) -> str:
-    """A run directory: run.json with `strategy` and `ps_loads`; one worker whose step is `parts` (ms)."""
+def write_run(
+    tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100, busy=0.5
+) -> str:
+    """A run directory: run.json with `strategy` and `ps_loads`; one worker whose step is `parts` (ms),
+    on a 2-core machine `busy` of whose cores were busy."""
     logdir = str(tmp_path)
+    os.makedirs(logdir, exist_ok=True)
     run = {"cluster": {"ps": len(ps_loads), "replicas": 1, "towers": 1}, "strategy": strategy}
     run |= {"batch_size": 32, "steps_per_run": 1, "accumulate_steps": 1, "ps_loads": list(ps_loads)}
     with open(os.path.join(logdir, "run.json"), "w") as f:
         json.dump(run, f)
     seconds = {p: parts.get(p, 0) / 1000 for p in ("compute", "input", "peers", "transfer", "framework")}
     where = {"step_secs": sum(seconds.values()), "seconds": seconds, "transfer_by_ps": {}, "traced": 3}
-    where |= {"bytes_by_ps": bytes_by_ps or {}, "trace_cost": 0.004}
+    where |= {
+        "bytes_by_ps": bytes_by_ps or {},
+        "trace_cost": 0.004,
+        "machine_busy": 2 * busy,
+        "machine_cores": 2,
+    }
     task = os.path.join(logdir, "tasks", "worker_0")
     os.makedirs(task)
     with open(os.path.join(task, "result.json"), "w") as f:
@@ -53,6 +62,18 @@ def test_one_ps_holding_most_bytes_is_named_first_with_its_ratio(tmp_path):
     # disttrain's layout balances them, and overlaps the 21 ms left with the 40 ms of compute.
     assert found[0].change.startswith("train with disttrain's AsyncParameterServer(overlap=True)")
     assert found[0].gain == pytest.approx(100 / 40)
+
+
+def test_cores_all_busy_come_first_and_cap_what_a_change_of_layout_can_gain(tmp_path):
+    run = diagnose.read_run(write_run(tmp_path, TF_DEFAULT, {"compute": 70, "transfer": 30}, busy=0.98))
+    first, *rest = diagnose.findings(run)
+    assert first.cause.startswith("this machine's 2 cores were 98% busy while worker_0 stepped")
+    assert first.change.startswith("give the tasks cores of their own") and first.gain is None
+    assert diagnose.verdict(run) == first.line() and "expected" not in first.line()
+    # Overlapping 30 ms with compute would gain 43% on idle cores; on these, 2% at most: not named.
+    assert rest == []
+    quiet = diagnose.read_run(write_run(tmp_path / "quiet", TF_DEFAULT, {"compute": 70, "transfer": 30}))
+    assert diagnose.findings(quiet)[0].gain == pytest.approx(100 / 70)
 
 
 def test_a_step_waiting_for_its_input_is_named_with_the_worker_and_its_share(tmp_path):

@@ -299,16 +299,19 @@ def test_an_error_raised_in_a_gin_configurable_stays_one_line_naming_it(capsys):
     assert err == ["disttrain: error: no files match '/data/none-*' (in gin's dt_test_input)"]
 
 
-def test_a_fit_that_traced_a_step_ends_with_its_verdict_and_where_to_read_the_changes(tmp_path, capsys):
+def test_a_fit_that_traced_a_step_ends_with_its_verdict_and_where_to_read_more(tmp_path, capsys):
     with tf.Graph().as_default():
         result = disttrain.fit(_loss, _sgd, steps=60, logdir=str(tmp_path), cluster=Cluster.local())
     assert result.breakdown, "no step traced: the verdict has nothing to read"
     (line,) = [
         x.split(" INFO ", 1)[1] for x in capsys.readouterr().out.splitlines() if " INFO verdict: " in x
     ]
-    # A step of two numbers is all framework (Python, hooks, session.run) or all compute, never the network.
     said = re.fullmatch(
-        r"verdict: (.*) \(the changes that would remove it, ranked: disttrain-diagnose (.*)\)", line
+        r"verdict: (.*) \((the changes that would remove it, ranked|more): disttrain-diagnose (.*)\)", line
     )
-    assert said and said.group(2) == str(tmp_path), line
-    assert said.group(1).startswith(("the framework's own time", "no bottleneck: compute is")), line
+    assert said and said.group(3) == str(tmp_path), line
+    # A step of two numbers is all framework (Python, hooks, session.run) or all compute, never the
+    # network; on a machine whose cores other work keeps busy, that comes first.
+    named = ("the framework's own time", "no bottleneck: compute is", "this machine's")
+    assert said.group(1).startswith(named), line
+    assert (said.group(2) == "more") == said.group(1).startswith("no bottleneck"), line
