@@ -360,8 +360,20 @@ def errors_to_exit(cluster: Cluster | None = None):
         else:
             lost = peers.probe_lost(cluster, [], texts)
         fail(_lost_contact(lost), EXIT_TRANSIENT)
+    except RuntimeError as e:
+        if not tf_errors.built_after_start(e):
+            raise
+        fail(BUILT_IN_THE_LOOP)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+
+
+# Seed 003: a TF 1 loop that builds an op at every step grows its graph, and every step slows.
+BUILT_IN_THE_LOOP = (
+    "an op was built after training started (its graph is finalized when the session starts): build "
+    "every op before the session, outside the training loop, and run it there "
+    "(a loop that builds ops at every step grows its graph and slows each step; docs/diagnose.md)"
+)
 
 
 def _lost_contact(lost: str) -> str:

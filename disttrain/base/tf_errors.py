@@ -53,6 +53,15 @@ def failed_in_tf_text(texts: Iterable[str]) -> list[str]:
     return sorted(direct or named, key=_task_order)
 
 
+# What TF raises when an op is built in a graph its session has finalized (ops.Graph._check_not_finalized).
+_FINALIZED = "Graph is finalized and cannot be modified."
+
+
+def built_after_start(error: BaseException) -> bool:
+    """True for TF's error when an op is built once training has started (the graph is finalized)."""
+    return isinstance(error, RuntimeError) and str(error).strip() == _FINALIZED
+
+
 _PEER_FAILED = re.compile(r"^(ABORTED|UNAVAILABLE): From /job:", re.M)
 
 

@@ -315,3 +315,21 @@ def test_a_fit_that_traced_a_step_ends_with_its_verdict_and_where_to_read_more(t
     named = ("the framework's own time", "no bottleneck: compute is", "this machine's")
     assert said.group(1).startswith(named), line
     assert (said.group(2) == "more") == said.group(1).startswith("no bottleneck"), line
+
+
+def test_an_op_built_in_the_training_loop_is_one_line_naming_the_fix(tmp_path, capsys):
+    # Seed 003: a TF 1 loop that builds an op at every step grows its graph and slows each step.
+    with tf.Graph().as_default():
+        strategy = disttrain.AsyncParameterServer(Cluster.local())
+        with strategy.scope():
+            train_op = strategy.minimize(_sgd(), _loss)
+        with pytest.raises(SystemExit) as exit_info:
+            with disttrain.session(strategy, steps=5, logdir=str(tmp_path)) as session:
+                while not session.should_stop():
+                    session.run(train_op)
+                    session.run(tf.constant(1.0) + 1)
+    assert exit_info.value.code == ConfigError.exit_code
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line.startswith("disttrain: error: an op was built after training started") and "outside the" in line
+    )
