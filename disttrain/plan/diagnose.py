@@ -27,6 +27,7 @@ import json
 import os
 
 from disttrain.launch import read_results
+from disttrain.plan import cost
 from disttrain.runtime import breakdown
 from disttrain.runtime.breakdown import Breakdown
 
@@ -118,7 +119,7 @@ def findings(run: Run) -> list[Finding]:
         if cause.part == breakdown.CORES:
             cores = Finding(cause.text, _own_cores(run), None)
             continue
-        changes = CHANGES[cause.part](run.strategy, cause, measured)
+        changes = CHANGES[cause.part](run, cause, measured)
         if cause.part == "framework" and (run.run.get("steps_per_run") or 1) > 1:
             changes = []
         for change, saved in changes:
@@ -140,42 +141,113 @@ def _own_cores(run: Run) -> str:
     )
 
 
-def _input(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+def _input(run: Run, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
     return [
         ("read in parallel and prefetch (dataset.map(..., num_parallel_calls), .prefetch())", cause.seconds)
     ]
 
 
-def _transfer(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
-    moving, out = cause.seconds, []
-    balanced = moving * (1 - 1 / cause.ps_balance)  # what balancing the PS tasks would save
+def _transfer(run: Run, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+    """The changes that shrink the transfers, each with the seconds the planner's model says it saves
+    (first order where the run's trace gave no bytes)."""
+    strategy, moving, out = run.strategy, cause.seconds, []
+    model = _ModelOfStep.of(run, where)
+    compute = where.seconds.get("compute", 0.0)
+
+    def saved(first_order: float, **change) -> float:
+        return first_order if model is None else model.saved(**change)
+
+    balanced = moving * (1 - 1 / cause.ps_balance)  # first order: the busiest PS's excess gone
     if cause.ps_balance >= breakdown.UNBALANCED:
         change = (
             "balance them: disttrain's PS strategies place variables by bytes and split large ones"
             if strategy.get("baseline")
             else "balance them: plan placement from the loss (minimize(loss_fn)) or set piece_bytes"
         )
-        out.append((change, balanced))
+        out.append((change, saved(balanced, placement=cost.DISTTRAIN)))
     if not strategy.get("transfer_dtype") and "transfer_dtype" in strategy:
-        out.append(
-            (f"send 16 bits: {strategy['class']}(transfer_dtype='bfloat16') halves the bytes", moving / 2)
-        )
-    compute = where.seconds.get("compute", 0.0)
-    if strategy.get("kind") == "async_ps" and strategy.get("overlap") is False:
-        out.append(
-            ("overlap the transfers with compute: AsyncParameterServer(overlap=True)", min(moving, compute))
-        )
+        change = f"send 16 bits: {strategy['class']}(transfer_dtype='bfloat16') halves the bytes"
+        out.append((change, saved(moving / 2, transfer_bits=16)))
+    if strategy.get("kind") == cost.ASYNC_PS and strategy.get("overlap") is False:
+        change = "overlap the transfers with compute: AsyncParameterServer(overlap=True)"
+        out.append((change, saved(min(moving, compute), overlap=True)))
     if strategy.get("baseline"):
         # Placed by bytes, then what is left moves while the next step computes.
         change = (
             "train with disttrain's AsyncParameterServer(overlap=True): it places variables by bytes "
             "and moves them while the next step computes"
         )
-        out.append((change, balanced + min(moving - balanced, compute)))
+        first_order = balanced + min(moving - balanced, compute)
+        out.append((change, saved(first_order, kind=cost.ASYNC_PS, overlap=True, placement=cost.DISTTRAIN)))
     return out
 
 
-def _peers(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+@dataclasses.dataclass(frozen=True)
+class _ModelOfStep:
+    """The planner's cost model of the slowest replica's step, fed with what the run measured.
+
+    Its compute seconds, the model's bytes and their layout on the PS tasks
+    (run.json), and the rate its transfers saw: the bytes its traced steps
+    moved over the seconds in which any transfer ran (`Breakdown.moving_secs`).
+    That rate already holds the link, gRPC's CPU and the PS tasks' other
+    clients as this run met them, so the model's own CPU terms are off and
+    the replica is modelled alone on its link.
+    """
+
+    model: cost.Model
+    shape: cost.Shape
+    strategy: cost.Strategy
+
+    CONSTANTS = cost.Constants(goodput=1.0, rpc_cpu_s_per_byte=0.0, per_message_s=0.0, ps_cores=None)
+
+    @classmethod
+    def of(cls, run: Run, where: Breakdown) -> _ModelOfStep | None:
+        """None where the model has no terms to feed: no bytes traced, no PS, or not a PS strategy."""
+        moved, dense = sum(where.bytes_by_ps.values()), run.run.get("model_bytes") or 0
+        loads = run.run.get("ps_loads") or []
+        kind = run.strategy.get("kind")
+        if not moved or where.moving_secs <= 0 or not dense or not loads or kind not in cost.STRATEGIES:
+            return None
+        tensors = max(run.run.get("variables") or len(loads), len(loads))
+        placement = cost.ROUND_ROBIN if run.strategy.get("baseline") else cost.DISTTRAIN
+        shares = tuple(x / sum(loads) for x in loads)
+        measured = cost.PsLayout(
+            shares,
+            tuple(max(1, round(tensors * f)) for f in shares),
+            max(loads) / (sum(loads) / len(loads)),
+        )
+
+        def layout(ps: int, how: str) -> cost.PsLayout:
+            return measured if (ps, how) == (len(loads), placement) else cost.even_layout(tensors)(ps, how)
+
+        compute = where.seconds.get("compute", 0.0)
+        model = cost.Model("this run", dense, compute, run.run.get("batch_size") or 1, layout, tensors)
+        towers = (run.run.get("cluster") or {}).get("towers") or 1
+        rate_gbit = moved / where.moving_secs * 8 / 1e9  # both ways, one after the other
+        shape = cost.Shape(
+            hosts=1, gpus_per_host=towers, ps=len(loads), ps_hosts=cost.DEDICATED, link_gbit=rate_gbit
+        )
+        strategy = cost.Strategy(
+            kind=kind,
+            overlap=bool(run.strategy.get("overlap")),
+            piece_bytes=run.strategy.get("piece_bytes"),
+            transfer_bits=16 if run.strategy.get("transfer_dtype") else 32,
+            backup_workers=run.strategy.get("backup_workers") or 0,
+            placement=placement,
+        )
+        return cls(model, shape, strategy)
+
+    def saved(self, **change) -> float:
+        """Seconds a step `change` (cost.Strategy's fields) saves, by the model: before less after."""
+        before = cost.predict(self.model, self.shape, self.strategy, self.CONSTANTS)
+        after = cost.predict(
+            self.model, self.shape, dataclasses.replace(self.strategy, **change), self.CONSTANTS
+        )
+        return max(0.0, before.round_time - after.round_time)
+
+
+def _peers(run: Run, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+    strategy = run.strategy
     if strategy.get("kind") == "sync_ps" and not strategy.get("backup_workers"):
         change = (
             "go on without the slowest replica at the sync barrier: SyncParameterServer(backup_workers=1)"
@@ -186,7 +258,7 @@ def _peers(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tup
     return []
 
 
-def _framework(strategy: dict, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
+def _framework(run: Run, cause: breakdown.Cause, where: Breakdown) -> list[tuple[str, float]]:
     return [("make several steps per session.run: steps_per_run=10", cause.seconds * 0.9)]
 
 

@@ -178,6 +178,16 @@ def sweep(traced: Iterable[Span]) -> tuple[dict[str, float], dict[str, float], f
     return seconds, by_ps, events[-1] - events[0]
 
 
+def moving(traced: Iterable[Span]) -> float:
+    """Seconds in which any transfer ran, hidden behind compute or not (the union of their spans)."""
+    total, end = 0.0, float("-inf")
+    for span in sorted((s for s in traced if s.part == "transfer"), key=lambda s: s.start):
+        if span.end > end:
+            total += span.end - max(span.start, end)
+            end = span.end
+    return total
+
+
 @dataclasses.dataclass
 class Breakdown:
     """Where this task's step went: seconds per step by part, and what measuring it cost.
@@ -198,6 +208,7 @@ class Breakdown:
     bytes_by_ps: dict[str, float] = dataclasses.field(default_factory=dict)  # received, per step
     traced: int = 0
     trace_cost: float = 0.0
+    moving_secs: float = 0.0  # seconds a step in which transfers ran, hidden or not (what the bytes took)
     cpu_secs: float = 0.0  # this process's CPU seconds per step (every thread: compute, gRPC, input)
     machine_busy: float = 0.0  # cores' worth this machine kept busy meanwhile (any process; 0: unknown)
     machine_cores: int = 0
@@ -350,6 +361,7 @@ class BreakdownHook(v1.train.SessionRunHook):
         self._by_ps: dict[str, float] = {}
         self._bytes: dict[str, list[float]] = {}  # per PS task, per traced run: bytes a step
         self._cost = 0.0  # seconds tracing added
+        self._moving = 0.0  # traced seconds in which transfers ran
         self._credit = 0.0  # untraced seconds since the last trace ...
         self._owed = 0.0  # ... and what they must reach before the next: its cost / budget
         self._mark: float | None = None  # when the last run ended
@@ -402,6 +414,7 @@ class BreakdownHook(v1.train.SessionRunHook):
     def _take(self, step_stats, run_secs: float, steps: int, global_step) -> None:
         found = spans(step_stats, self._me)
         seconds, by_ps, window = sweep(found)
+        self._moving += moving(found)
         moved: dict[str, float] = {}
         for span in found:
             if span.nbytes and span.ps:
@@ -461,6 +474,7 @@ class BreakdownHook(v1.train.SessionRunHook):
             step_secs=sum(seconds.values()),
             seconds=seconds,
             transfer_by_ps={ps: s * scale for ps, s in self._by_ps.items()},
+            moving_secs=self._moving * scale,
             bytes_by_ps={ps: statistics.median(b) for ps, b in self._bytes.items()},
             traced=traced["steps"],
             trace_cost=self._cost / elapsed if elapsed > 0 else 0.0,

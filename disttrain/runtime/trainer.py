@@ -1079,7 +1079,7 @@ def write_run(logdir: str, strategy: Strategy, built: Built, batch_size: int) ->
     """What ran, for the tools that read a run afterwards (disttrain-diagnose): <logdir>/run.json.
 
     The cluster's shape, the strategy and its knobs, the batch, the model's
-    bytes and the bytes of variables on each PS task (optimizer slots not
+    bytes and trainable variables, and the bytes of variables on each PS task (optimizer slots not
     counted; [] without PS tasks), as the chief built them.
     """
     cluster, graph = strategy.cluster, built.graph
@@ -1101,6 +1101,7 @@ def write_run(logdir: str, strategy: Strategy, built: Built, batch_size: int) ->
         "steps_per_run": built.step.steps_per_run,
         "accumulate_steps": built.step.accumulate_steps,
         "model_bytes": sum(waves.static_bytes(v) for v in variables),
+        "variables": len(variables),
         "ps_loads": placement.ps_loads(graph, cluster.num_ps, include_slots=False) if cluster.num_ps else [],
     }
     os.makedirs(logdir, exist_ok=True)

@@ -57,6 +57,8 @@ def test_compute_hides_the_transfer_beside_it_and_an_instant_with_nothing_runnin
     assert seconds == {"compute": 4.0, "input": 1.0, "peers": 1.0, "transfer": 3.0, "framework": 1.0}
     assert by_ps == {"/job:ps/task:0": 2.5, "/job:ps/task:1": 0.5}
     assert sweep([]) == (dict.fromkeys(breakdown.PARTS, 0.0), {}, 0.0)
+    assert breakdown.moving(found) == 4.0  # 3-7, hidden or not, ps1's inside it
+    assert breakdown.moving([]) == 0.0
 
 
 def stats_of(nodes) -> step_stats_pb2.StepStats:

@@ -21,14 +21,15 @@ MB = 2**20
 
 
 def write_run(
-    tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100, busy=0.5
+    tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100, busy=0.5, moving=0
 ) -> str:
     """A run directory: run.json with `strategy` and `ps_loads`; one worker whose step is `parts` (ms),
-    on a 2-core machine `busy` of whose cores were busy."""
+    on a 2-core machine `busy` of whose cores were busy, whose transfers ran `moving` ms a step."""
     logdir = str(tmp_path)
     os.makedirs(logdir, exist_ok=True)
     run = {"cluster": {"ps": len(ps_loads), "replicas": 1, "towers": 1}, "strategy": strategy}
     run |= {"batch_size": 32, "steps_per_run": 1, "accumulate_steps": 1, "ps_loads": list(ps_loads)}
+    run |= {"model_bytes": sum(ps_loads), "variables": 10}
     with open(os.path.join(logdir, "run.json"), "w") as f:
         json.dump(run, f)
     seconds = {p: parts.get(p, 0) / 1000 for p in ("compute", "input", "peers", "transfer", "framework")}
@@ -38,6 +39,7 @@ def write_run(
         "trace_cost": 0.004,
         "machine_busy": 2 * busy,
         "machine_cores": 2,
+        "moving_secs": moving / 1000,
     }
     task = os.path.join(logdir, "tasks", "worker_0")
     os.makedirs(task)
@@ -74,6 +76,23 @@ def test_cores_all_busy_come_first_and_cap_what_a_change_of_layout_can_gain(tmp_
     assert rest == []
     quiet = diagnose.read_run(write_run(tmp_path / "quiet", TF_DEFAULT, {"compute": 70, "transfer": 30}))
     assert diagnose.findings(quiet)[0].gain == pytest.approx(100 / 70)
+
+
+def test_the_planners_model_knows_a_transfer_longer_than_compute_cannot_hide_behind_it(tmp_path):
+    # Push then pull, 55 ms each way (the bytes over the seconds in which transfers ran), beside a
+    # 50 ms compute: overlapped, the round is the 110 ms of transfers, not the 50 ms of compute.
+    plain = dict(ASYNC, overlap=False)
+    parts = {"compute": 50, "transfer": 100, "framework": 5}
+    loads, moved = [4 * MB], {"/job:ps/task:0": 8 * MB}
+    run = diagnose.read_run(write_run(tmp_path, plain, parts, loads, moved, moving=110))
+    gains = {f.change.split(":")[0]: f.gain for f in diagnose.findings(run)}
+    first_order = 155 / (155 - 50)  # overlap hiding 50 ms of the 100
+    assert 1.05 < gains["overlap the transfers with compute"] < first_order - 0.1
+    assert gains["send 16 bits"] > gains["overlap the transfers with compute"]
+    # Without the seconds the transfers took, the gains are first order.
+    bare = diagnose.read_run(write_run(tmp_path / "bare", plain, parts, loads, moved))
+    bare_gains = {f.change.split(":")[0]: f.gain for f in diagnose.findings(bare)}
+    assert bare_gains["overlap the transfers with compute"] == pytest.approx(first_order)
 
 
 def test_a_step_waiting_for_its_input_is_named_with_the_worker_and_its_share(tmp_path):
