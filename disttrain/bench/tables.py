@@ -645,17 +645,21 @@ class Seed:
     def row(self, report: dict | None) -> list[str]:
         head = [self.name, self.asked, self.case.label]
         if report is None:
-            return [*head, NOT_MEASURED, "-", "-", "-", "-"]
+            return [*head, NOT_MEASURED, "-", "-", "-"]
         runs = self.case.runs(report)
         tf = next((r for r in runs if is_tf_default(r["system"]) and trained(r)), None)
-        own = best(self.case, report, is_disttrain, "steps")
-        if tf is None or isinstance(own, str) or "verdict" not in tf:
-            return [*head, "failed" if tf is None else "not read", "-", "-", "-", "-"]
-        expected = tf.get("predicted_gain")
-        got = own[0] / tf["counted_steps_per_sec"]
-        half = "-" if expected is None else ("yes" if got - 1 >= (expected - 1) / 2 else "no")
-        gain = "-" if expected is None else f"+{100 * (expected - 1):.0f}%"
-        return [*head, f"`{tf['verdict']}`", gain, f"{100 * (got - 1):+.0f}%", half]
+        if tf is None or "verdict" not in tf:
+            return [*head, "failed" if tf is None else "not read", "-", "-", "-"]
+        expected, own = tf.get("predicted_gain"), best(self.case, report, is_disttrain, "steps")
+        got = None if isinstance(own, str) else own[0] / tf["counted_steps_per_sec"]
+        half = "-" if None in (expected, got) else ("yes" if got - 1 >= (expected - 1) / 2 else "no")
+        return [
+            *head,
+            f"`{tf['verdict']}`",
+            "-" if expected is None else f"+{100 * (expected - 1):.0f}%",
+            "-" if got is None else f"{100 * (got - 1):+.0f}%",
+            half,
+        ]
 
 
 SEEDS = [

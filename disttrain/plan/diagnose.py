@@ -267,14 +267,21 @@ CHANGES = {"input": _input, "transfer": _transfer, "peers": _peers, "framework":
 
 
 def verdict(run: Run) -> str:
-    """One line: the first cause and its change, or that nothing binds beside compute."""
+    """One line: the first cause and its change, or that nothing binds beside compute and the scaling
+    that leaves."""
     if not run.replicas():
         return "no replica traced a step (a run shorter than its first trace, or breakdown_budget=0)"
     found = findings(run)
     if found:
         return found[0].line()
     name, where = _slowest(run)
-    return breakdown.verdict(Breakdown.of(where), name)
+    measured = Breakdown.of(where)
+    cluster = run.run.get("cluster") or {}
+    replicas = (cluster.get("replicas") or 1) * (cluster.get("towers") or 1)
+    share = measured.seconds.get("compute", 0.0) / measured.step_secs if measured.step_secs else 0.0
+    # Each replica computes `share` of its step: at most that times N of one computing alone.
+    scaling = f"scaling at most {replicas * share:.2f}x one replica alone ({replicas} replica(s))"
+    return f"{breakdown.verdict(measured, name)}: {scaling}"
 
 
 def report(run: Run) -> str:

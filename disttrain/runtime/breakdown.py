@@ -245,6 +245,12 @@ class Breakdown:
         )
 
     @property
+    def waits_for_cores(self) -> bool:
+        """This machine's cores were `SATURATED` while this process had less than one core's worth of
+        CPU per step: it waited for a core. (A compute-bound task alone on its core is not waiting.)"""
+        return self.busy_share >= SATURATED and 0 < self.cpu_secs < SATURATED * self.step_secs
+
+    @property
     def busy_share(self) -> float:
         """The share of this machine's cores busy while the steps were measured (0: unknown)."""
         return self.machine_busy / self.machine_cores if self.machine_cores else 0.0
@@ -283,7 +289,7 @@ class Cause:
 
 def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[Cause]:
     """The parts beside compute that take at least `BINDS` of `name`'s step, longest first; before them,
-    `CORES` when the machine's cores were `SATURATED`.
+    `CORES` when the task waited for the machine's cores (`Breakdown.waits_for_cores`).
 
     ps_loads: bytes of variables on each PS task (run.json's), to say whether
     one PS carries most of what moves.
@@ -308,7 +314,7 @@ def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[
         if where.step_secs > 0 and seconds >= BINDS * where.step_secs:
             out.append(Cause(part, seconds, text, balance if part == "transfer" else 1.0))
     out.sort(key=lambda c: -c.seconds)
-    if where.busy_share >= SATURATED:
+    if where.waits_for_cores:
         # First: on cores that are all taken, any part of the step may be a wait for one.
         text = (
             f"this machine's {where.machine_cores} cores were {100 * where.busy_share:.0f}% busy while "

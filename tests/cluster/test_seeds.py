@@ -55,7 +55,7 @@ def test_a_tf_default_benchmark_run_is_diagnosed_as_it_measured(tmp_path):
         for p, s in slowest.seconds.items()
         if p != "compute" and s >= breakdown.BINDS * slowest.step_secs
     }
-    if slowest.busy_share >= breakdown.SATURATED:
+    if slowest.waits_for_cores:
         assert row["verdict"].startswith("this machine's"), row
         assert row["predicted_gain"] is None and "cores of their own" in row["top_change"]
     elif parts:

@@ -158,3 +158,11 @@ def test_the_parts_that_bind_the_step_are_named_longest_first_with_their_evidenc
     quiet = dataclasses.replace(where, seconds={"compute": 0.092, "framework": 0.008}, step_secs=0.1)
     assert breakdown.verdict(quiet, "worker_1") == "no bottleneck: compute is 92% of worker_1's step (100 ms)"
     assert breakdown.causes(breakdown.Breakdown(), "worker_0") == []  # nothing measured: nothing named
+    # Cores all busy: named first when this process got less than a core's worth a step (it waited for
+    # one), not when it computed on its own core all along (a compute-bound run, no false alarm).
+    full = dataclasses.replace(quiet, machine_busy=1.96, machine_cores=2)
+    waited = breakdown.causes(dataclasses.replace(full, cpu_secs=0.04), "worker_1")
+    assert [c.part for c in waited] == [breakdown.CORES]
+    assert waited[0].text.startswith("this machine's 2 cores were 98% busy while worker_1 stepped")
+    computing = dataclasses.replace(full, cpu_secs=0.1)
+    assert breakdown.verdict(computing, "worker_1").startswith("no bottleneck: compute is 92%")

@@ -21,10 +21,11 @@ MB = 2**20
 
 
 def write_run(
-    tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100, busy=0.5, moving=0
+    tmp_path, strategy: dict, parts: dict, ps_loads=(), bytes_by_ps=None, steps=100, busy=0.5, moving=0, cpu=0
 ) -> str:
-    """A run directory: run.json with `strategy` and `ps_loads`; one worker whose step is `parts` (ms),
-    on a 2-core machine `busy` of whose cores were busy, whose transfers ran `moving` ms a step."""
+    """A run directory: run.json with `strategy` and `ps_loads`; one worker whose step is `parts` (ms)
+    on a 2-core machine `busy` of whose cores were busy; its transfers ran `moving` ms a step, and its
+    process used `cpu` ms of CPU a step."""
     logdir = str(tmp_path)
     os.makedirs(logdir, exist_ok=True)
     run = {"cluster": {"ps": len(ps_loads), "replicas": 1, "towers": 1}, "strategy": strategy}
@@ -40,6 +41,7 @@ def write_run(
         "machine_busy": 2 * busy,
         "machine_cores": 2,
         "moving_secs": moving / 1000,
+        "cpu_secs": cpu / 1000,
     }
     task = os.path.join(logdir, "tasks", "worker_0")
     os.makedirs(task)
@@ -67,7 +69,9 @@ def test_one_ps_holding_most_bytes_is_named_first_with_its_ratio(tmp_path):
 
 
 def test_cores_all_busy_come_first_and_cap_what_a_change_of_layout_can_gain(tmp_path):
-    run = diagnose.read_run(write_run(tmp_path, TF_DEFAULT, {"compute": 70, "transfer": 30}, busy=0.98))
+    run = diagnose.read_run(
+        write_run(tmp_path, TF_DEFAULT, {"compute": 70, "transfer": 30}, busy=0.98, cpu=40)
+    )
     first, *rest = diagnose.findings(run)
     assert first.cause.startswith("this machine's 2 cores were 98% busy while worker_0 stepped")
     assert first.change.startswith("give the tasks cores of their own") and first.gain is None
@@ -115,7 +119,10 @@ def test_a_link_bound_step_gets_16_bit_transfer_with_its_bytes(tmp_path):
 def test_a_compute_bound_run_raises_no_alarm(tmp_path):
     run = diagnose.read_run(write_run(tmp_path, ASYNC, {"compute": 90, "transfer": 5, "framework": 5}))
     assert diagnose.findings(run) == []
-    assert diagnose.verdict(run) == "no bottleneck: compute is 90% of worker_0's step (100 ms)"
+    assert diagnose.verdict(run) == (
+        "no bottleneck: compute is 90% of worker_0's step (100 ms): scaling at most 0.90x one replica alone "
+        "(1 replica(s))"
+    )
 
 
 @pytest.mark.parametrize(

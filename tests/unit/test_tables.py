@@ -96,6 +96,27 @@ def test_the_headline_renders_a_reports_row_and_not_measured_without_one(repo):
     assert text.splitlines()[-1].endswith("measured as docs/benchmark.md's targets table says.*")
 
 
+def test_a_seeds_row_reads_tf_defaults_verdict_and_what_disttrain_got_beside_it(tmp_path):
+    os.makedirs(tmp_path / tables.SEEDS_DIR)
+    verdict = "moving variables and gradients takes 25 ms of a 139 ms step: train with disttrain's ..."
+    runs = [
+        bench_run(
+            "tf_default", 0.69, 0.69, verdict=verdict, top_change="train with ...", predicted_gain=1.33
+        ),
+        bench_run("disttrain", 0.87, 0.87),
+    ]
+    (tmp_path / tables.SEEDS[0].case.report).write_text(json.dumps(bench_report(runs)))
+    # Seed 001: the cores were all busy, so its first change predicts nothing.
+    busy = [bench_run("tf_default", 0.32, 0.32, verdict="this machine's 2 cores ...", predicted_gain=None)]
+    (tmp_path / tables.SEEDS[1].case.report).write_text(json.dumps(bench_report(busy)))
+    first, second = tables.render("seeds", str(tmp_path)).splitlines()[2:4]
+    assert first.endswith(f"| `{verdict}` | +33% | +26% | yes |"), first
+    assert second.endswith("| `this machine's 2 cores ...` | - | - | - |"), second  # and no disttrain run
+    gone = tmp_path / "gone"
+    os.makedirs(gone)
+    assert "| not measured | - | - | - |" in tables.render("seeds", str(gone))
+
+
 def test_readmes_first_forty_lines_hold_no_date():
     with open(os.path.join(REPO, "README.md")) as f:
         first = "".join(f.readlines()[:40])
