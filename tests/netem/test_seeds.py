@@ -19,9 +19,17 @@ import sys
 import pytest
 
 from disttrain.bench import netem
+from disttrain.launch import read_results
+from disttrain.plan import diagnose
+from disttrain.runtime.breakdown import Breakdown
 from tests import REPO
 
 pytestmark = pytest.mark.netem
+
+
+def run_breakdown(logdir: str) -> Breakdown:
+    (result,) = read_results(logdir).values()
+    return Breakdown.of(result["breakdown"])
 
 
 def test_tf_defaults_run_over_a_slow_link_is_named_link_bound_and_disttrain_is_its_first_change(tmp_path):
@@ -50,7 +58,11 @@ def test_tf_defaults_run_over_a_slow_link_is_named_link_bound_and_disttrain_is_i
     (run,) = json.loads(out.read_text())["runs"]
     assert run["verdict"].startswith("moving variables and gradients takes"), run["verdict"]
     assert "train with disttrain's AsyncParameterServer(overlap=True)" in run["top_change"]
-    assert run["predicted_gain"] > 1.5, run  # the link is most of the step: overlap hides most of it
+    # Overlapped, the push and then the pull still take the link's time, longer than the compute: the
+    # planner's model expects a gain, but far less than removing the transfers would give.
+    transfer = run_breakdown(run["logdir"])
+    removed = transfer.step_secs / (transfer.step_secs - transfer.seconds["transfer"])
+    assert diagnose.NOTHING <= run["predicted_gain"] < removed, (run["predicted_gain"], removed)
     # What the benchmark printed is what disttrain-diagnose prints for the run's directory.
     said = subprocess.run(
         [sys.executable, os.path.join(REPO, "bin", "diagnose.py"), run["logdir"]],
