@@ -246,9 +246,10 @@ class Breakdown:
 
     @property
     def waits_for_cores(self) -> bool:
-        """This machine's cores were `SATURATED` while this process had less than one core's worth of
-        CPU per step: it waited for a core. (A compute-bound task alone on its core is not waiting.)"""
-        return self.busy_share >= SATURATED and 0 < self.cpu_secs < SATURATED * self.step_secs
+        """This machine's cores were `SATURATED` while this process had less than `1 - BINDS` of a core
+        a step: a core of its own would make its step at least as much faster as a part that binds.
+        (A compute-bound task that computed on a core nearly all along is not waiting.)"""
+        return self.busy_share >= SATURATED and 0 < self.cpu_secs < (1 - BINDS) * self.step_secs
 
     @property
     def busy_share(self) -> float:
