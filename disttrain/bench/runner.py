@@ -125,6 +125,9 @@ class BenchConfig:
     strategy: str | None = None  # None: the config's own
     network: str = LOCALHOST
     link_mbit: float | None = None  # emulated only
+    # Emulated, instead of link_mbit: the link moves the model's bytes each way in this many of one
+    # process's steps (set once the first reference has run; bound.link_mbit_for_ratio).
+    link_ratio: float | None = None
     latency_ms: float = 0.0
     ps_placement: str = traffic.DEDICATED
     warmup_steps: int = 20  # per replica
@@ -192,6 +195,7 @@ class Benchmark:
         self._validate()
         self._t0 = time.monotonic()
         self._itemsizes: dict[str, int] = {}  # bytes per float each disttrain strategy sends, by kind
+        self._link_mbit = config.link_mbit  # with link_ratio: set by the first reference
 
     # ---- set-up ---------------------------------------------------------------
 
@@ -218,13 +222,29 @@ class Benchmark:
         if c.warmup_steps < 1 or c.measure_steps < 1:
             raise BenchError(f"need warmup and measured steps >= 1, got {c.warmup_steps}, {c.measure_steps}")
         if c.network == EMULATED:
-            if c.link_mbit is None or not c.link_mbit > 0:
-                raise BenchError(f"--network=emulated needs --link_mbit > 0, got {c.link_mbit}")
+            self._validate_link()
             reason = netem.check_permitted(latency=c.latency_ms > 0)
             if reason is not None:
                 raise BenchError(f"emulated hosts unavailable: {reason}")
-        elif c.link_mbit is not None or c.latency_ms:
-            raise BenchError("--link_mbit and --link_latency_ms shape emulated links: use --network=emulated")
+        elif c.link_mbit is not None or c.link_ratio is not None or c.latency_ms:
+            raise BenchError(
+                "--link_mbit, --link_ratio and --link_latency_ms shape emulated links: use --network=emulated"
+            )
+
+    def _validate_link(self) -> None:
+        c = self.config
+        if (c.link_mbit is None) == (c.link_ratio is None):
+            raise BenchError(
+                "--network=emulated needs the link's rate: --link_mbit (Mbit/s) or --link_ratio (the "
+                "model's bytes each way in that many of one process's steps), one of them"
+            )
+        given, value = (
+            ("--link_mbit", c.link_mbit) if c.link_mbit is not None else ("--link_ratio", c.link_ratio)
+        )
+        if not value > 0:
+            raise BenchError(f"{given} must be > 0, got {value}")
+        if c.link_ratio is not None and not c.reference:
+            raise BenchError("--link_ratio scales the link to one process's step: drop --noreference")
 
     def _kind(self, system: str) -> StrategyKind:
         if system == "tf_default":
@@ -377,7 +397,7 @@ class Benchmark:
         roles = [[] for _ in range(num_hosts)]
         for (job, i), h in sorted(host.items(), key=lambda item: (item[0][0] != WORKER, item[0][1])):
             roles[h].append(f"{job}{i}")  # "worker0+ps0" on a shared host
-        with netem.EmulatedHosts(num_hosts, c.link_mbit, c.latency_ms, prefix=c.netns_prefix) as hosts:
+        with netem.EmulatedHosts(num_hosts, self._link_mbit, c.latency_ms, prefix=c.netns_prefix) as hosts:
 
             def address(job: str, i: int) -> str:
                 return f"{hosts.address(host[(job, i)])}:{_PORTS[job]}"
@@ -430,6 +450,7 @@ class Benchmark:
                 "inter_op_threads": base.inter_op_threads,
                 "network": c.network,
                 "link_mbit": c.link_mbit,
+                "link_ratio": c.link_ratio,
                 "latency_ms": c.latency_ms,
                 "ps_placement": c.ps_placement,
                 "warmup_steps": c.warmup_steps,
@@ -447,7 +468,8 @@ class Benchmark:
         self.log(
             f"benchmark: {len(specs)} run(s) + reference, x{c.repeats}; model {report['config']['model']} "
             f"{sizes.total / 1e6:.1f} MB{_lookup_note(sizes)}, batch {batch}, {c.network}"
-            + (f" {c.link_mbit:g} Mbit/s" if c.network == EMULATED else "")
+            + (f" {c.link_mbit:g} Mbit/s" if c.network == EMULATED and c.link_mbit else "")
+            + (f" links at ratio {c.link_ratio:g} to one process's step" if c.link_ratio else "")
             + f"; logs in {c.logdir}"
         )
         self._peer_specs = self._tf2_specs()
@@ -460,6 +482,8 @@ class Benchmark:
         for rep in range(c.repeats):
             if c.reference:
                 refs.append(self._reference(rep))
+                if self._link_mbit is None:
+                    report["config"]["link_mbit"] = self._scaled_link(refs[0], sizes)
             for k, spec in enumerate(specs):
                 measured[k].append(self._measure(spec, k, rep))
                 report["reference"] = _quietest(refs) if refs else None
@@ -471,6 +495,22 @@ class Benchmark:
                 ]
                 self.on_update(report)
         return report
+
+    def _scaled_link(self, ref: dict, sizes: traffic.ModelBytes) -> float:
+        """--link_ratio: the link rate that moves the model's bytes (float32, each way) in that many of
+        the reference's steps; set once, for every run."""
+        if not ref.get("steps_per_sec"):
+            raise BenchError(
+                "--link_ratio: one process alone trained nothing, so there is no step to scale the link to "
+                f"({ref.get('error', 'no steps')})"
+            )
+        step, ratio = 1 / ref["steps_per_sec"], self.config.link_ratio
+        self._link_mbit = bound_lib.link_mbit_for_ratio(sizes.total, step, ratio)
+        self.log(
+            f"{self._elapsed()} link: {self._link_mbit:.0f} Mbit/s each way: the model's "
+            f"{sizes.total / 1e6:.1f} MB in {ratio:g} x one process's {1000 * step:.0f} ms step"
+        )
+        return self._link_mbit
 
     def _itemsize(self, spec: RunSpec) -> int:
         """Bytes per float32 value `spec`'s system sends: disttrain's per its transfer_dtype, the peers' 4."""
@@ -558,7 +598,7 @@ class Benchmark:
         """A run's row: layout, placement and bound, and the quietest of its measurements."""
         c = self.config
         sizes, batch = self._sent_bytes(spec), self._model["batch"]
-        link_mbit = c.link_mbit if c.network == EMULATED else None
+        link_mbit = self._link_mbit if c.network == EMULATED else None
         best = _quietest(measured)
         loads = best.get("ps_loads", loads)  # a TF 2 peer reports where it put its variables
         row = {

@@ -38,6 +38,12 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_enum("network", "localhost", ["localhost", "emulated"], "Loopback, or emulated hosts (root).")
 flags.DEFINE_float("link_mbit", None, "Emulated link rate per direction, Mbit/s.")
+flags.DEFINE_float(
+    "link_ratio",
+    None,
+    "Instead of --link_mbit: the emulated link moves the model's bytes each way in this many of one "
+    "process's steps (measured first), so that the case means the same on any machine; 1.0 is seed 000's.",
+)
 flags.DEFINE_float("link_latency_ms", 0.0, "Emulated one-way latency per host link (needs sch_netem).")
 flags.DEFINE_enum(
     "ps_placement", "dedicated", ["dedicated", "colocated"], "PS on own hosts, or PS i on worker i's host."
@@ -90,6 +96,7 @@ def main(argv):
         strategy=FLAGS.strategy,
         network=FLAGS.network,
         link_mbit=FLAGS.link_mbit,
+        link_ratio=FLAGS.link_ratio,
         latency_ms=FLAGS.link_latency_ms,
         ps_placement=FLAGS.ps_placement,
         warmup_steps=FLAGS.warmup_steps,

@@ -196,6 +196,40 @@ def test_emulated_needs_a_link_rate(tmp_path):
     assert "--link_mbit" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--network=emulated", "--link_mbit=100", "--link_ratio=1"], "--link_mbit (Mbit/s) or --link_ratio"),
+        (["--network=emulated", "--link_ratio=0"], "--link_ratio must be > 0, got 0.0"),
+        (["--network=emulated", "--link_ratio=1", "--noreference"], "drop --noreference"),
+        (["--link_ratio=1"], "shape emulated links: use --network=emulated"),
+    ],
+    ids=["both", "zero", "no_reference", "localhost"],
+)
+def test_a_link_rate_given_wrong_is_one_line_before_anything_runs(tmp_path, args, said):
+    done, report, _ = benchmark(["--gin_file=gin/bench/mlp.gin", *args], tmp_path, timeout=120)
+    assert done.returncode != 0 and report is None
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("disttrain: error: ") and said in last, last
+
+
+@pytest.mark.netem
+def test_a_link_at_a_ratio_is_set_from_the_reference_and_used_by_every_run(tmp_path):
+    reason = netem.check_permitted()
+    if reason is not None:
+        pytest.skip(reason)
+    args = [a for a in TINY_EMULATED if not a.startswith("--link_mbit")]
+    done, report, _ = benchmark([*args, "--link_ratio=2", "--warmup_steps=5", "--measure_steps=10"], tmp_path)
+    assert done.returncode == 0, _explain(done)
+    config, (run,) = report["config"], report["runs"]
+    step = 1 / report["reference"]["steps_per_sec"]
+    # The tiny MLP's 27,688 bytes each way in 2 x one process's step.
+    expected = 27_688 * 8 / (2 * step) / 1e6
+    assert config["link_ratio"] == 2.0 and config["link_mbit"] == pytest.approx(expected)
+    assert run["link_mbit"] == config["link_mbit"]
+    assert f"link: {expected:.0f} Mbit/s each way" in done.stdout
+
+
 @pytest.mark.netem
 def test_latency_unsupported_is_one_line(tmp_path):
     if netem.check_permitted() is not None:

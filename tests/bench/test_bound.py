@@ -19,6 +19,18 @@ def test_link_rate():
         b.link_rate_bytes(0)
 
 
+def test_a_link_at_a_ratio_moves_the_bytes_in_that_many_steps():
+    # CIFAR-10's 4.3 MB each way in one 100 ms step: 344 Mbit/s; in half a step, twice that.
+    assert b.link_mbit_for_ratio(4.3 * MB, 0.1, 1.0) == pytest.approx(344.0)
+    assert b.link_mbit_for_ratio(4.3 * MB, 0.1, 0.5) == pytest.approx(688.0)
+    # A machine five times slower takes five times as long a step: a fifth of the rate, the same case.
+    assert b.link_mbit_for_ratio(4.3 * MB, 0.5, 1.0) == pytest.approx(344.0 / 5)
+    assert 4.3 * MB / b.link_rate_bytes(b.link_mbit_for_ratio(4.3 * MB, 0.5, 1.0)) == pytest.approx(0.5)
+    for bad in ((0, 0.1, 1.0), (4.3 * MB, 0, 1.0), (4.3 * MB, 0.1, 0), (4.3 * MB, 0.1, -1)):
+        with pytest.raises(ValueError):
+            b.link_mbit_for_ratio(*bad)
+
+
 def test_dedicated_ps_link_is_the_bottleneck():
     # S = 100 MB, N = 2 workers, P = 1 dedicated PS host, B = 100 MB/s (800 Mbit/s), C = 0.1 s.
     # Per round (each worker one step): a worker link carries S = 100 MB each way (pull
