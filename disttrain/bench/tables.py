@@ -669,7 +669,10 @@ SEEDS = [
     Seed(
         "000",
         "1 PS host and 1 worker over 1 GbE: ten times slower than one machine",
-        Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s", f"{SEEDS_DIR}/seed000.json"),
+        Case(
+            "CIFAR-10 batch 32, 1 PS + 1 worker, an emulated link moving the model in one process's step",
+            f"{SEEDS_DIR}/seed000.json",
+        ),
     ),
     Seed(
         "001",

@@ -4,20 +4,23 @@ rank the changes that would remove it by the gain each should bring.
 It reads what every run writes: the chief's `run.json` (the cluster's shape,
 the strategy and its knobs, the bytes of variables on each PS task) and each
 replica's `result.json` (its throughput and where its step went:
-`disttrain.runtime.breakdown`, which also names the parts that bind the
-step, as the chief's verdict does at the end of a run). A run of TF's default layout (the
-benchmark's `tf_default` system) writes the same, so it is read the same way,
-and what disttrain's layout would change shows among the changes.
+`disttrain.runtime.breakdown`, which also names what binds the step, as
+the chief's verdict does at the end of a run). A run of TF's default layout
+(the benchmark's `tf_default` system) writes the same, so it is read the
+same way, and what disttrain's layout would change shows among the changes.
 
-The gains are first order, from the run's own seconds: a change removes or
-shrinks one part of the measured step and leaves the others as they were
-(`Finding.gain`: the step before over the step after). They say which change
-to try first, not the speed it will reach; a run after the change measures
-that. When the machine's cores were all busy while the steps ran (every
-task of a cluster on one machine, as the benchmark's emulated hosts are),
-that comes first: a change of layout then moves the same work onto the same
-cores, so no gain is predicted above what the idle cores allow (cores /
-busy cores), and one below `NOTHING` is not named.
+A change of the transfers (16 bits, overlap, placement, disttrain's
+layout) gets its gain from the planner's cost model of the slowest
+replica's step, fed with that step's own figures (`_ModelOfStep`); the
+other changes' gains are first order, from the run's own seconds: a change
+removes or shrinks one part of the measured step and leaves the others as
+they were (`Finding.gain`: the step before over the step after). They say
+which change to try first, not the speed it will reach; a run after the
+change measures that. When the replica waited for the machine's cores
+(every task of a cluster on one machine, as the benchmark's emulated hosts
+are), that comes first: a change of layout then moves the same work onto
+the same cores, so no gain is predicted above what the idle cores allow
+(cores / busy cores), and one below `NOTHING` is not named.
 """
 
 from __future__ import annotations
@@ -182,6 +185,9 @@ def _transfer(run: Run, cause: breakdown.Cause, where: Breakdown) -> list[tuple[
     return out
 
 
+PS_KINDS = (cost.ASYNC_PS, cost.SYNC_PS)  # the strategies whose transfers the model of one step carries
+
+
 @dataclasses.dataclass(frozen=True)
 class _ModelOfStep:
     """The planner's cost model of the slowest replica's step, fed with what the run measured.
@@ -206,7 +212,7 @@ class _ModelOfStep:
         moved, dense = sum(where.bytes_by_ps.values()), run.run.get("model_bytes") or 0
         loads = run.run.get("ps_loads") or []
         kind = run.strategy.get("kind")
-        if not moved or where.moving_secs <= 0 or not dense or not loads or kind not in cost.STRATEGIES:
+        if not moved or where.moving_secs <= 0 or not dense or not loads or kind not in PS_KINDS:
             return None
         tensors = max(run.run.get("variables") or len(loads), len(loads))
         placement = cost.ROUND_ROBIN if run.strategy.get("baseline") else cost.DISTTRAIN
