@@ -238,8 +238,7 @@ class _ModelOfStep:
             overlap=bool(run.strategy.get("overlap")),
             piece_bytes=run.strategy.get("piece_bytes"),
             transfer_bits=16 if run.strategy.get("transfer_dtype") else 32,
-            backup_workers=run.strategy.get("backup_workers") or 0,
-            placement=placement,
+            placement=placement,  # no backup_workers: one replica alone has no straggler to drop
         )
         return cls(model, shape, strategy)
 

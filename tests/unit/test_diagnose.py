@@ -99,6 +99,23 @@ def test_the_planners_model_knows_a_transfer_longer_than_compute_cannot_hide_beh
     assert bare_gains["overlap the transfers with compute"] == pytest.approx(first_order)
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"class": "SyncParameterServer", "kind": "sync_ps", "backup_workers": 1, "transfer_dtype": None},
+        dict(ASYNC, overlap=False, piece_bytes=2**20),
+        {"class": "SyncAllReduce", "kind": "allreduce", "transfer_dtype": None},
+    ],
+    ids=["sync_backup", "async_pieces", "allreduce"],
+)
+def test_every_strategys_run_is_read_with_the_model_of_its_step(tmp_path, strategy):
+    # A sync PS with a backup worker, modelled as its slowest replica alone, has none to drop.
+    parts = {"compute": 50, "transfer": 40, "peers": 20}
+    loads, moved = [4 * MB, 4 * MB], {"/job:ps/task:0": 4 * MB, "/job:ps/task:1": 4 * MB}
+    run = diagnose.read_run(write_run(tmp_path, strategy, parts, loads, moved, moving=60))
+    assert diagnose.verdict(run) and all(f.gain >= diagnose.NOTHING for f in diagnose.findings(run))
+
+
 def test_a_step_waiting_for_its_input_is_named_with_the_worker_and_its_share(tmp_path):
     run = diagnose.read_run(write_run(tmp_path, ASYNC, {"compute": 40, "input": 55, "framework": 5}))
     assert diagnose.verdict(run) == (
