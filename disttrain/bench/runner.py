@@ -482,7 +482,7 @@ class Benchmark:
         for rep in range(c.repeats):
             if c.reference:
                 refs.append(self._reference(rep))
-                if self._link_mbit is None:
+                if c.link_ratio is not None and self._link_mbit is None:
                     report["config"]["link_mbit"] = self._scaled_link(refs[0], sizes)
             for k, spec in enumerate(specs):
                 measured[k].append(self._measure(spec, k, rep))
