@@ -11,7 +11,6 @@ runs); tests/netem/test_seeds.py is seed 000 over a slow emulated link.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,15 +20,13 @@ import pytest
 from disttrain.plan import diagnose
 from disttrain.runtime import breakdown
 from tests import REPO
+from tests.bench.test_benchmark import _explain, benchmark
 
 pytestmark = pytest.mark.cluster
 
 
 def test_a_tf_default_benchmark_run_is_diagnosed_as_it_measured(tmp_path):
-    out = tmp_path / "report.json"
-    argv = [
-        sys.executable,
-        os.path.join(REPO, "bin", "benchmark.py"),
+    args = [
         "--gin_file=gin/bench/mlp_b32.gin",
         "--workers=2",
         "--ps=1",
@@ -37,12 +34,10 @@ def test_a_tf_default_benchmark_run_is_diagnosed_as_it_measured(tmp_path):
         "--noreference",
         "--warmup_steps=4",
         "--measure_steps=40",
-        f"--logdir={tmp_path / 'logs'}",
-        f"--out={out}",
     ]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (row,) = json.loads(out.read_text())["runs"]
+    done, report, _ = benchmark(args, tmp_path, timeout=900)
+    assert done.returncode == 0, _explain(done)
+    (row,) = report["runs"]
     assert "verdict: " + row["verdict"] in done.stdout  # printed as the run ended
     run = diagnose.read_run(row["logdir"])
     assert run.strategy["class"] == "TFDefault" and run.strategy["baseline"]

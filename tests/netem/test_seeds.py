@@ -11,7 +11,6 @@ seed's own case, measured by the benchmark.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from disttrain.launch import read_results
 from disttrain.plan import diagnose
 from disttrain.runtime.breakdown import Breakdown
 from tests import REPO
+from tests.bench.test_benchmark import _explain, benchmark
 
 pytestmark = pytest.mark.netem
 
@@ -36,10 +36,7 @@ def test_tf_defaults_run_over_a_slow_link_is_named_link_bound_and_disttrain_is_i
     reason = netem.check_permitted()
     if reason is not None:
         pytest.skip(reason)
-    out = tmp_path / "report.json"
-    argv = [
-        sys.executable,
-        os.path.join(REPO, "bin", "benchmark.py"),
+    args = [
         "--gin_file=gin/bench/cifar10_b32.gin",
         "--gin_param=TrainConfig.log_every_steps=5",
         "--workers=1",
@@ -49,12 +46,10 @@ def test_tf_defaults_run_over_a_slow_link_is_named_link_bound_and_disttrain_is_i
         "--link_ratio=2",
         "--warmup_steps=5",
         "--measure_steps=40",
-        f"--logdir={tmp_path / 'logs'}",
-        f"--out={out}",
     ]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (run,) = json.loads(out.read_text())["runs"]
+    done, report, _ = benchmark(args, tmp_path, timeout=900)
+    assert done.returncode == 0, _explain(done)
+    (run,) = report["runs"]
     assert run["verdict"].startswith("moving variables and gradients takes"), run["verdict"]
     assert "train with disttrain's AsyncParameterServer(overlap=True)" in run["top_change"]
     # Overlapped, the push and then the pull still take the link's time, longer than the compute: the
