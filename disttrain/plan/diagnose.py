@@ -120,7 +120,7 @@ def findings(run: Run) -> list[Finding]:
     found, cores = [], None
     for cause in breakdown.causes(measured, name, run.run.get("ps_loads") or []):
         if cause.part == breakdown.CORES:
-            cores = Finding(cause.text, _own_cores(run), None)
+            cores = Finding(cause.text, _own_cores(run, measured), None)
             continue
         changes = CHANGES[cause.part](run, cause, measured)
         if cause.part == "framework" and (run.run.get("steps_per_run") or 1) > 1:
@@ -135,7 +135,12 @@ def findings(run: Run) -> list[Finding]:
     return ([cores] if cores else []) + sorted(found, key=lambda f: -f.gain)
 
 
-def _own_cores(run: Run) -> str:
+def _own_cores(run: Run, where: Breakdown) -> str:
+    if where.cores_limited:
+        return (
+            f"raise the CPU limit of its container or host ({where.machine_cores:g} core(s), all used): its "
+            "quota throttles every part of the step"
+        )
     tasks = run.run.get("cluster", {})
     count = tasks.get("ps", 0) + tasks.get("replicas", 1)
     return (

@@ -211,7 +211,8 @@ class Breakdown:
     moving_secs: float = 0.0  # seconds a step in which transfers ran, hidden or not (what the bytes took)
     cpu_secs: float = 0.0  # this process's CPU seconds per step (every thread: compute, gRPC, input)
     machine_busy: float = 0.0  # cores' worth this machine kept busy meanwhile (any process; 0: unknown)
-    machine_cores: int = 0
+    machine_cores: float = 0  # the cores it counts: the machine's, or its cgroup's CPU limit (base.machine)
+    cores_limited: bool = False  # machine_cores is a cgroup's CPU limit, machine_busy that group's own
 
     def shares(self) -> dict[str, float]:
         total = sum(self.seconds.values())
@@ -234,11 +235,7 @@ class Breakdown:
     def summary(self) -> str:
         """The closing line: 'step 42.1 ms: compute 61%, ... (3 step(s) traced, 0.4% of the run; this
         machine's 2 cores 97% busy)'."""
-        cores = (
-            f"; this machine's {self.machine_cores} cores {100 * self.busy_share:.0f}% busy"
-            if self.machine_cores
-            else ""
-        )
+        cores = f"; {self.cores_text} {100 * self.busy_share:.0f}% busy" if self.machine_cores else ""
         return (
             f"step {1000 * self.step_secs:.1f} ms: {self.line()} "
             f"({self.traced} step(s) traced, {100 * self.trace_cost:.1f}% of the run{cores})"
@@ -250,6 +247,13 @@ class Breakdown:
         a step: a core of its own would make its step at least as much faster as a part that binds.
         (A compute-bound task that computed on a core nearly all along is not waiting.)"""
         return self.busy_share >= SATURATED and 0 < self.cpu_secs < (1 - BINDS) * self.step_secs
+
+    @property
+    def cores_text(self) -> str:
+        """'this machine's 2 cores', or 'its CPU limit of 0.45 core(s)'."""
+        if self.cores_limited:
+            return f"its CPU limit of {self.machine_cores:g} core(s)"
+        return f"this machine's {self.machine_cores:g} cores"
 
     @property
     def busy_share(self) -> float:
@@ -318,7 +322,7 @@ def causes(where: Breakdown, name: str, ps_loads: Iterable[float] = ()) -> list[
     if where.waits_for_cores:
         # First: on cores that are all taken, any part of the step may be a wait for one.
         text = (
-            f"this machine's {where.machine_cores} cores were {100 * where.busy_share:.0f}% busy while "
+            f"{where.cores_text} were {100 * where.busy_share:.0f}% busy while "
             f"{name} stepped (its tasks wait for a core, inside every part of the step)"
         )
         out.insert(0, Cause(CORES, where.seconds.get("compute", 0.0), text))
@@ -456,7 +460,10 @@ class BreakdownHook(v1.train.SessionRunHook):
         found = {"cpu_secs": (own_end - own) / steps}
         if busy_end > 0:
             cores = machine.cores()
-            found.update(machine_busy=min((busy_end - busy) / (wall_end - wall), cores), machine_cores=cores)
+            busy_cores = min((busy_end - busy) / (wall_end - wall), cores)
+            found.update(
+                machine_busy=busy_cores, machine_cores=cores, cores_limited=machine.limit() is not None
+            )
         return found
 
     def breakdown(self) -> Breakdown | None:

@@ -82,6 +82,19 @@ def test_cores_all_busy_come_first_and_cap_what_a_change_of_layout_can_gain(tmp_
     assert diagnose.findings(quiet)[0].gain == pytest.approx(100 / 70)
 
 
+def test_a_task_held_by_its_cpu_limit_is_told_to_raise_it(tmp_path):
+    logdir = write_run(tmp_path, TF_DEFAULT, {"compute": 70, "transfer": 30}, busy=0.98, cpu=40)
+    path = os.path.join(logdir, "tasks", "worker_0", "result.json")
+    with open(path) as f:
+        result = json.load(f)
+    result["breakdown"] |= {"machine_cores": 0.45, "machine_busy": 0.44, "cores_limited": True}
+    with open(path, "w") as f:
+        json.dump(result, f)
+    first = diagnose.findings(diagnose.read_run(logdir))[0]
+    assert first.cause.startswith("its CPU limit of 0.45 core(s) were 98% busy")
+    assert first.change.startswith("raise the CPU limit of its container or host (0.45 core(s), all used)")
+
+
 def test_the_planners_model_knows_a_transfer_longer_than_compute_cannot_hide_behind_it(tmp_path):
     # Push then pull, 55 ms each way (the bytes over the seconds in which transfers ran), beside a
     # 50 ms compute: overlapped, the round is the 110 ms of transfers, not the 50 ms of compute.
