@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Self  # 3.11+, only for type checkers
 
 HOST_IF = "eth0"  # the host's interface, inside its own namespace
+_NETNS_DIR = "/run/netns"  # where `ip netns add` binds each namespace
 _BRIDGE = "br0"
 _SUBNETS = ipaddress.ip_network("10.213.0.0/16")  # /24s are picked from here
 _CMD_TIMEOUT = 30.0
@@ -481,17 +482,23 @@ class EmulatedHosts:
         return self._addrs[i]
 
     def popen(self, i: int, argv: list[str], **popen_kwargs) -> subprocess.Popen:
-        """Start argv inside host i's namespace via `ip netns exec`; kwargs go to Popen.
+        """Start argv inside host i's network namespace via `nsenter --net`; kwargs go to Popen.
 
-        The returned process is argv itself (ip execs it), so its pid, signals and exit
-        code are argv's. Processes still running at close() are terminated; a process
-        should therefore not outlive the `with` block. Servers may bind 0.0.0.0 and
+        The returned process is argv itself (nsenter execs it), so its pid, signals and
+        exit code are argv's. Only the network namespace changes: unlike `ip netns exec`,
+        which remounts /sys for the namespace, nsenter leaves the mounts alone, so the
+        process still sees /sys/fs/cgroup (its CPU budget, bench.budget). Processes still
+        running at close() are terminated; a process should therefore not outlive the
+        `with` block. Servers may bind 0.0.0.0 and
         use the same port on every host: each host has its own port space.
         """
         self._check_ready(i)
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of strings, not a shell string")
-        proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(i), *argv], **popen_kwargs)
+        if shutil.which("nsenter") is None:
+            raise NetemError("`nsenter` not found: apt-get install -y util-linux")
+        netns = os.path.join(_NETNS_DIR, self.namespace(i))
+        proc = subprocess.Popen(["nsenter", f"--net={netns}", "--", *argv], **popen_kwargs)
         self._procs.append(proc)
         return proc
 
@@ -549,7 +556,7 @@ class EmulatedHosts:
             try:
                 proc.wait(timeout=3)  # reap, so no zombie is left behind
             except subprocess.TimeoutExpired:
-                errors.append(f"process {proc.pid} ({proc.args[4:]}) did not die")
+                errors.append(f"process {proc.pid} ({proc.args[3:]}) did not die")
         if errors:
             raise NetemError(f"{len(errors)} cleanup step(s) failed; first: {errors[0]}")
 
