@@ -61,6 +61,7 @@ class Sample:
     global_steps_per_sec: float | None = None  # chief only
     link_bytes: tuple[tuple[int, int], ...] | None = None  # per host (sent, received); chief lines
     cpu_seconds: Mapping[str, float] | None = None  # per task; chief lines
+    budget: object | None = None  # the hosts' CPU budget counters (bench.budget.Reading); chief lines
 
 
 def parse_line(line: str) -> dict | None:
@@ -82,6 +83,7 @@ class Measurement:
     window_end: Sample
     first_loss: float  # the chief's first logged loss
     max_loss: float  # the highest loss any replica logged in its measured intervals
+    alongside: float | None = None  # steps/s of one process alone beside the run, on a budget of its own
 
     @property
     def diverged(self) -> bool:

@@ -19,6 +19,7 @@ COLUMNS = (  # (header, key or function of a row, format)
     ("slowest", "min_worker_steps_per_sec", "{:.2f}"),
     ("counted", "counted_steps_per_sec", "{:.2f}"),
     ("ideal", "ideal_steps_per_sec", "{:.2f}"),
+    ("alone", "alongside_steps_per_sec", "{:.2f}"),  # --host_cores: one process beside the run
     ("scaling", "scaling_efficiency", "{:.2f}"),
     ("bound", "bound_steps_per_sec", "{:.2f}"),
     ("by", "bound_limited_by", "{}"),

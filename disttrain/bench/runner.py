@@ -20,6 +20,7 @@ building the graph as `zoo_run.dry_run` does, how many bytes each PS holds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -36,6 +37,7 @@ from disttrain.base.cluster import CHIEF, PS, WORKER, Cluster
 from disttrain.base.config import TrainConfig
 from disttrain.base.errors import ConfigError
 from disttrain.bench import bound as bound_lib
+from disttrain.bench import budget as budget_lib
 from disttrain.bench import measure as measure_lib
 from disttrain.bench import netem, tf2
 from disttrain.bench.watch import Proc, RunFailed, other_cores, stop, wait_until_quiet, watch
@@ -51,6 +53,7 @@ NETWORKS = (LOCALHOST, EMULATED)
 SYSTEMS = ("disttrain", "tf_default", *tf2.PEERS)
 PLACEMENTS = (traffic.DEDICATED, traffic.COLOCATED)
 _PORTS = {PS: 2222, WORKER: 2223, CHIEF: 2224}  # emulated hosts: each namespace has its own ports
+ALONGSIDE = 2  # --host_cores: processes alone beside each cluster run, on consecutive hosts (so both cores)
 
 
 class BenchError(ConfigError):
@@ -129,6 +132,8 @@ class BenchConfig:
     # process's steps (set once the first reference has run; bound.link_mbit_for_ratio).
     link_ratio: float | None = None
     latency_ms: float = 0.0
+    # Emulated: each host's CPU budget in cores (bench.budget), one process alone under the same.
+    host_cores: float | None = None
     ps_placement: str = traffic.DEDICATED
     warmup_steps: int = 20  # per replica
     measure_steps: int = 50  # per replica, at least
@@ -230,6 +235,14 @@ class Benchmark:
             raise BenchError(
                 "--link_mbit, --link_ratio and --link_latency_ms shape emulated links: use --network=emulated"
             )
+        if c.host_cores is not None:
+            reason = budget_lib.check_permitted()
+            if reason is not None:
+                raise BenchError(f"--host_cores: CPU budgets unavailable: {reason}")
+            if not c.reference:
+                raise BenchError(
+                    "--host_cores measures one process alone under the same budget: drop --noreference"
+                )
 
     def _validate_link(self) -> None:
         c = self.config
@@ -245,6 +258,33 @@ class Benchmark:
             raise BenchError(f"{given} must be > 0, got {value}")
         if c.link_ratio is not None and not c.reference:
             raise BenchError("--link_ratio scales the link to one process's step: drop --noreference")
+
+    def _check_fits(self, hosts: int, flag: str) -> None:
+        """BenchError, before anything starts, if `hosts` budgets of --host_cores do not fit this machine."""
+        try:
+            budget_lib.cores_on_each(hosts, self.config.host_cores, self._ncpus)
+        except budget_lib.BudgetError as e:
+            raise BenchError(f"{flag}: {e}") from None
+
+    @property
+    def _ncpus(self) -> int:
+        return len(os.sched_getaffinity(0))
+
+    def _budgets(self, num_hosts: int):
+        """The hosts' CPU budgets (a context manager), or nothing without --host_cores."""
+        if self.config.host_cores is None:
+            return contextlib.nullcontext()
+        return budget_lib.CpuBudgets(num_hosts, self.config.host_cores, prefix=self.config.netns_prefix)
+
+    @staticmethod
+    def _budget_got(m: measure_lib.Measurement, budgets) -> dict | None:
+        """What each host's budget gave it over the measured window; RunFailed if one may not have got it."""
+        if budgets is None:
+            return None
+        got = budget_lib.got(m.window_start.budget, m.window_end.budget, budgets.cores, budgets.pinned)
+        if got["refused"]:
+            raise RunFailed(f"refused: {got['refused']}")
+        return got
 
     def _kind(self, system: str) -> StrategyKind:
         if system == "tf_default":
@@ -272,6 +312,8 @@ class Benchmark:
             "TrainConfig.save_checkpoint_steps=None",
             f"TrainConfig.save_checkpoint_secs={10**9}",
         ]
+        if self.config.host_cores is not None:  # TF's pool sized to the budget, not to what TF counts
+            out.append(f"TrainConfig.intra_op_threads={budget_lib.threads(self.config.host_cores)}")
         if kind is not None:
             out.append(kind.binding)
         return out
@@ -296,7 +338,9 @@ class Benchmark:
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self._t0:6.0f}s"
 
-    def _watch(self, procs, replicas, chief, every_n, batch, link_bytes, label) -> measure_lib.Measurement:
+    def _watch(
+        self, procs, replicas, chief, every_n, batch, link_bytes, label, budgets=None
+    ) -> measure_lib.Measurement:
         c = self.config
         return watch(
             procs,
@@ -308,36 +352,63 @@ class Benchmark:
             measure=max(1, math.ceil(c.measure_steps / every_n)),
             timeout=c.run_timeout,
             link_bytes=link_bytes,
+            budget=(lambda: budget_lib.read(budgets)) if budgets is not None else None,
             progress=lambda line: self.log(f"{self._elapsed()}   {label}: {line}"),
         )
 
-    def _run_reference(self, rep: int) -> dict:
-        """One process alone, no cluster: the same model, batch and threads."""
-        every_n, batch = self._model["every_n"], self._model["batch"]
-        name = "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
-        logdir = self._fresh(os.path.join(self.config.logdir, name))
+    def _start_alone(self, logdir: str, budgets, slot: int) -> Proc:
+        """One process alone, no cluster (the same model, batch and threads), on budget `slot`'s host."""
+        env = local.task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+        env["PYTHONUNBUFFERED"] = "1"
+        logdir = self._fresh(logdir)
         log_path = os.path.join(logdir, "logs", "local.log")
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         argv = [*local.TRAIN_COMMAND, f"--logdir={logdir}"]
         argv += [f"--gin_file={f}" for f in self._gin_files()]
         argv += [f"--gin_param={p}" for p in self._bindings(STRATEGIES["async_ps"])]
-        env = local.task_env({k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
-        env["PYTHONUNBUFFERED"] = "1"
-        self.log(f"{self._elapsed()} reference: one process, no cluster; log {log_path}")
+        argv = budgets.wrap(slot, argv) if budgets is not None else argv
         with open(log_path, "w") as log_file:
             proc = subprocess.Popen(argv, env=env, **local.task_process_options(log_file))
-        task = "/job:localhost/replica:0/task:0"
-        try:
-            m = self._watch([Proc(task, proc, log_path)], [task], task, every_n, batch, None, "reference")
-        finally:
-            stop([proc])
-            self._drop_checkpoints(logdir)
+        return Proc(f"/job:localhost/replica:{slot}/task:0", proc, log_path)
+
+    def _stop_alone(self, procs: list[Proc]) -> None:
+        stop([p.proc for p in procs])
+        for p in procs:
+            self._drop_checkpoints(os.path.dirname(os.path.dirname(p.log_path)))
+
+    def _run_copies(self, name: str, copies: int) -> tuple[measure_lib.Measurement, list[str], dict | None]:
+        """`copies` processes alone, each on a host budget of its own (--host_cores), measured together:
+        (Measurement, each copy's task name, what the budgets gave them or None)."""
+        every_n, batch = self._model["every_n"], self._model["batch"]
+        procs: list[Proc] = []
+        with self._budgets(copies) as budgets:
+            try:
+                for i in range(copies):
+                    logdir = os.path.join(self.config.logdir, name + (f"_copy{i}" if copies > 1 else ""))
+                    procs.append(self._start_alone(logdir, budgets, i))
+                self.log(f"{self._elapsed()} {name}: {copies} process(es) alone; logs {procs[0].log_path}")
+                names = [p.name for p in procs]
+                m = self._watch(procs, names, names[0], every_n, batch, None, name, budgets)
+            finally:
+                self._stop_alone(procs)
+            return m, names, self._budget_got(m, budgets)
+
+    def _run_reference(self, rep: int) -> dict:
+        """One process alone, no cluster: the same model, batch and threads (and budget)."""
+        batch = self._model["batch"]
+        name = "reference" + (f"_{rep + 1}" if self.config.repeats > 1 else "")
+        m, (task,), got = self._run_copies(name, 1)
         rate = m.steps_per_sec[task]
         cpu = (m.cpu_seconds_per_step() or {}).get(task)
         other = other_cores(m)
         self.log(
             f"{self._elapsed()} reference: {rate:.2f} steps/s, {rate * batch:.1f} examples/s"
             + (f" (other processes kept {other:.1f} cores busy)" if other is not None else "")
+            + (
+                f"; its budget {self.config.host_cores:g} core(s), used {got['hosts'][0]['used_cores']:.2f}"
+                if got
+                else ""
+            )
         )
         return {
             "steps_per_sec": rate,
@@ -346,7 +417,8 @@ class Benchmark:
             "cpu_seconds_per_step": cpu,
             "other_busy_cores": other,
             "window_seconds": m.window_seconds,
-            "logdir": logdir,
+            "logdir": os.path.join(self.config.logdir, name),
+            **({"host_budget": got} if got else {}),
         }
 
     @staticmethod
@@ -387,35 +459,47 @@ class Benchmark:
         )
 
     def _run_cluster(self, spec: RunSpec, logdir: str, every_n: int, batch: int) -> tuple:
-        """Start the cluster, measure it, stop it. Returns (Measurement, host roles, PS loads or None)."""
+        """Start the cluster, measure it, stop it.
+
+        Returns (Measurement, host roles, PS loads or None, what each host's CPU budget gave it or None).
+        """
         c = self.config
         label = f"{spec.system} {spec.workers}w/{spec.ps}ps"
         if c.network == LOCALHOST:
-            m, loads = self._measure_cluster(self._cluster(spec, logdir), every_n, batch, None, label)
-            return m, None, loads
+            m, loads = self._measure_cluster(self._cluster(spec, logdir), logdir, every_n, batch, None, label)
+            return m, None, loads, None
         num_hosts, host = self._hosts_of(spec)
         roles = [[] for _ in range(num_hosts)]
         for (job, i), h in sorted(host.items(), key=lambda item: (item[0][0] != WORKER, item[0][1])):
             roles[h].append(f"{job}{i}")  # "worker0+ps0" on a shared host
-        with netem.EmulatedHosts(num_hosts, self._link_mbit, c.latency_ms, prefix=c.netns_prefix) as hosts:
+        emulated = netem.EmulatedHosts(num_hosts, self._link_mbit, c.latency_ms, prefix=c.netns_prefix)
+        # With budgets, ALONGSIDE processes alone run beside the cluster, each on a host budget of its own
+        # (the last ones): the cluster's rate is then compared with one host's in the same window, whatever
+        # the machine's speed did meanwhile, on both cores (one can run 5% slower than the other for minutes).
+        with emulated as hosts, self._budgets(num_hosts + ALONGSIDE) as budgets:
 
             def address(job: str, i: int) -> str:
                 return f"{hosts.address(host[(job, i)])}:{_PORTS[job]}"
 
             def popen(task, argv, env, log_file):
-                return hosts.popen(
-                    host[(task.job, task.index)], argv, env=env, **local.task_process_options(log_file)
-                )
+                h = host[(task.job, task.index)]
+                argv = budgets.wrap(h, argv) if budgets is not None else argv
+                return hosts.popen(h, argv, env=env, **local.task_process_options(log_file))
 
             def counters() -> tuple:
                 return tuple(hosts.link_bytes(h) for h in range(num_hosts))
 
             cluster = self._cluster(spec, logdir, addresses=address, popen=popen)
-            m, loads = self._measure_cluster(cluster, every_n, batch, counters, label)
-        return m, ["+".join(r) for r in roles], loads
+            m, loads = self._measure_cluster(cluster, logdir, every_n, batch, counters, label, budgets)
+            got = self._budget_got(m, budgets)
+        return m, ["+".join(r) for r in roles], loads, got
 
-    def _measure_cluster(self, cluster, every_n, batch, counters, label) -> tuple:
-        """(Measurement, bytes per PS as a TF 2 peer placed them, or None: disttrain's are planned)."""
+    def _measure_cluster(self, cluster, logdir, every_n, batch, counters, label, budgets=None) -> tuple:
+        """(Measurement, bytes per PS as a TF 2 peer placed them, or None: disttrain's are planned).
+
+        With budgets, the process alone beside the cluster is watched with it and taken out of the
+        Measurement again: its rate is `alongside`."""
+        alone: list[Proc] = []
         try:
             cluster.start()
             if isinstance(cluster, tf2.PeerCluster):
@@ -424,16 +508,29 @@ class Benchmark:
                 procs = [Proc(t.name, t.proc, t.log_path) for t in cluster.tasks]
                 replicas = [t.name for t in cluster.tasks if t.job != PS]
                 chief = cluster.chief_task.name
-            m = self._watch(procs, replicas, chief, every_n, batch, counters, label)
-            return m, cluster.ps_loads() if isinstance(cluster, tf2.PeerCluster) else None
+            for k in range(ALONGSIDE if budgets is not None else 0):
+                slot = budgets.num_hosts - ALONGSIDE + k
+                alone.append(self._start_alone(os.path.join(logdir, f"alongside{k}"), budgets, slot))
+            names = [p.name for p in alone]
+            m = self._watch(
+                [*procs, *alone], replicas + names, chief, every_n, batch, counters, label, budgets
+            )
+            loads = cluster.ps_loads() if isinstance(cluster, tf2.PeerCluster) else None
+            return _without(m, names), loads
         finally:
             cluster.stop()
+            self._stop_alone(alone)
 
     # ---- the whole benchmark ------------------------------------------------------
 
     def run(self) -> dict:
         c = self.config
         specs = self._specs_cache = self._specs()
+        if c.host_cores is not None:
+            if c.network != EMULATED:
+                raise BenchError("--host_cores gives each emulated host its budget: use --network=emulated")
+            most = ALONGSIDE + max(self._hosts_of(spec)[0] for spec in specs)  # and the ones alongside
+            self._check_fits(most, f"--host_cores={c.host_cores:g}")
         base = c.load_config(self._bindings())
         every_n, batch = base.log_every_steps, base.batch_size
         sizes = traffic.model_bytes(base)
@@ -452,6 +549,8 @@ class Benchmark:
                 "link_mbit": c.link_mbit,
                 "link_ratio": c.link_ratio,
                 "latency_ms": c.latency_ms,
+                "host_cores": c.host_cores,
+                "budget_period_ms": budget_lib.PERIOD_US / 1000 if c.host_cores else None,
                 "ps_placement": c.ps_placement,
                 "warmup_steps": c.warmup_steps,
                 "measure_steps": c.measure_steps,
@@ -495,6 +594,65 @@ class Benchmark:
                 ]
                 self.on_update(report)
         return report
+
+    def check_budget(self, counts: Sequence[int]) -> dict:
+        """Is --host_cores fair here? K copies of one process's step, each on a budget of its own, run
+        together, against one copy alone under the same budget, for each K in `counts`.
+
+        Fair when every copy's rate, together and alone, is within FAIR of every other's
+        (budget.spread); each window also reports what each copy's budget gave it.
+        """
+        c = self.config
+        if c.host_cores is None:
+            raise BenchError("--budget_check needs --host_cores (the budget to check)")
+        if not counts or min(counts) < 1:
+            raise BenchError(
+                f"--budget_check={','.join(map(str, counts))}: need copy counts >= 1, e.g. 2,4,8"
+            )
+        self._check_fits(max(counts), f"--budget_check={max(counts)}")
+        base = c.load_config(self._bindings())
+        self._model = {"every_n": base.log_every_steps, "batch": base.batch_size}
+        report = {
+            "config": {
+                "gin_files": list(c.gin_files),
+                "gin_params": list(c.gin_params),
+                "model": type(base.model).__name__,
+                "batch_size": base.batch_size,
+                "host_cores": c.host_cores,
+                "budget_period_ms": budget_lib.PERIOD_US / 1000,
+                "intra_op_threads": budget_lib.threads(c.host_cores),
+                "inter_op_threads": base.inter_op_threads,
+                "cpus": self._ncpus,
+                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            "checks": [],
+        }
+        # Alone before and after each K together: the machine's own speed drifts by more than 5% over
+        # minutes (a VM's cores share the host's caches with its other tenants), so each K is compared
+        # with the mean of the two runs alone around it.
+        n = 0
+        alone = self._copies_rates("alone_0", 1)
+        for rep in range(c.repeats):
+            for k in counts:
+                n += 1
+                self._wait_quiet()
+                together = self._copies_rates(f"together{k}_{rep + 1}", k)
+                after = self._copies_rates(f"alone_{n}", 1)
+                check = budget_lib.fairness(k, [alone, after], together)
+                self.log(f"{self._elapsed()} {k} copies: {budget_lib.describe(check)}")
+                report["checks"].append(check)
+                self.on_update(report)
+                alone = after
+        return report
+
+    def _copies_rates(self, name: str, copies: int) -> dict:
+        """Each copy's steps/s and what its budget gave it; {"error": ...} if the run failed."""
+        try:
+            m, names, got = self._run_copies(name, copies)
+        except (RunFailed, budget_lib.BudgetError) as e:
+            self.log(f"{self._elapsed()} {name} FAILED: {e}")
+            return {"error": str(e)}
+        return {"steps_per_sec": [m.steps_per_sec[n] for n in names], "host_budget": got}
 
     def _scaled_link(self, ref: dict, sizes: traffic.ModelBytes) -> float:
         """--link_ratio: the link rate that moves the model's bytes (float32, each way) in that many of
@@ -548,7 +706,7 @@ class Benchmark:
         self._wait_quiet()
         try:
             return self._run_reference(rep)
-        except RunFailed as e:
+        except (RunFailed, budget_lib.BudgetError) as e:
             self.log(f"{self._elapsed()} reference FAILED: {e}")
             return {"error": str(e)}
 
@@ -573,8 +731,10 @@ class Benchmark:
         self.log(f"{self._elapsed()} {where} {spec.label}: logs {logdir}/logs")
         t = time.monotonic()
         try:
-            m, roles, loads = self._run_cluster(spec, logdir, self._model["every_n"], self._model["batch"])
-        except (RunFailed, netem.NetemError) as e:
+            m, roles, loads, got = self._run_cluster(
+                spec, logdir, self._model["every_n"], self._model["batch"]
+            )
+        except (RunFailed, netem.NetemError, budget_lib.BudgetError) as e:
             self.log(f"{self._elapsed()} {where} FAILED: {e}")
             return {"error": str(e), "logdir": logdir}
         finally:
@@ -589,6 +749,8 @@ class Benchmark:
             + (f"; DIVERGED (loss {m.first_loss:.3g} -> {m.max_loss:.3g})" if m.diverged else "")
         )
         found = {"measurement": m, "roles": roles, "logdir": logdir, "other_busy_cores": other}
+        if got:
+            found["host_budget"] = got
         found.update(diagnosis(logdir))
         if "verdict" in found:
             self.log(f"{self._elapsed()} {where} verdict: {found['verdict']}")
@@ -620,18 +782,36 @@ class Benchmark:
             row["skipped"] = best["skipped"]
             return row
         row.update(_expected_link_fields(spec, sizes))
+        alongside = best["measurement"].alongside if "measurement" in best else None
+        if alongside:  # with budgets: one host alone in the same window is the reference
+            row["alongside_steps_per_sec"] = ref = alongside
         if ref:
             row.update(_bound_fields(spec, sizes, link_mbit, ref))
         row["logdir"] = best.get("logdir")
         if len(measured) > 1:
-            row["repeats"] = [_brief(x, batch) for x in measured]
+            row["repeats"] = [_brief(x, batch, spec) for x in measured]
         if "error" in best:
             row["error"] = best["error"]
             return row
         row["worker_peak_memory_mb"] = _peak_memory_mb(best["logdir"])
-        row.update({k: best[k] for k in ("verdict", "top_change", "predicted_gain") if k in best})
+        row.update(
+            {k: best[k] for k in ("verdict", "top_change", "predicted_gain", "host_budget") if k in best}
+        )
         row.update(_measured_fields(spec, best, batch, ref, row.get("bound_steps_per_sec")))
         return row
+
+
+def _without(m: measure_lib.Measurement, names: list[str]) -> measure_lib.Measurement:
+    """`m` without the replicas `names` (the processes alone beside a cluster); their mean rate is
+    `alongside`."""
+    if not names:
+        return m
+    return dataclasses.replace(
+        m,
+        steps_per_sec={k: v for k, v in m.steps_per_sec.items() if k not in names},
+        intervals={k: v for k, v in m.intervals.items() if k not in names},
+        alongside=sum(m.steps_per_sec[n] for n in names) / len(names),
+    )
 
 
 def _expected_link_fields(spec: RunSpec, sizes: traffic.ModelBytes) -> dict:
@@ -681,13 +861,19 @@ def _peak_memory_mb(logdir: str) -> float | None:
     return max(peaks) if peaks else None
 
 
+def _counted(spec: RunSpec, m: measure_lib.Measurement, batch: int) -> float:
+    """Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest."""
+    if spec.kind.synchronous:
+        return m.cluster_examples_per_sec / batch
+    return metrics.async_throughput(list(m.steps_per_sec.values()))
+
+
 def _measured_fields(spec: RunSpec, best: dict, batch: int, ref: float | None, bound: float | None) -> dict:
     """The row's measured figures: rates, counted throughput against ideal and `bound`, links, CPU, loss."""
     m = best["measurement"]
     per_worker = list(m.steps_per_sec.values())
     steps = m.cluster_examples_per_sec / batch
-    # Sync: every replica steps together, the cluster's rate counts. Async: N x the slowest.
-    counted = steps if spec.kind.synchronous else metrics.async_throughput(per_worker)
+    counted = _counted(spec, m, batch)
     return {
         "steps_per_sec": steps,
         "global_steps_per_sec": m.global_steps_per_sec,
@@ -790,14 +976,20 @@ def _quietest(candidates: list[dict]) -> dict:
     return min(sane, key=other)
 
 
-def _brief(x: dict, batch: int) -> dict:
-    """One repetition's headline figures, kept in the row next to the chosen one."""
+def _brief(x: dict, batch: int, spec: RunSpec) -> dict:
+    """One repetition's headline figures, kept in the row next to the chosen one (with a process alone
+    alongside, its scaling efficiency against that one)."""
     m = x.get("measurement")
     if m is None:
         return {"error": x.get("error"), "skipped": x.get("skipped")}
-    return {
+    brief = {
         "steps_per_sec": m.cluster_examples_per_sec / batch,
         "min_worker_steps_per_sec": min(m.steps_per_sec.values()),
         "other_busy_cores": x["other_busy_cores"],
         "diverged": m.diverged,
     }
+    if m.alongside:
+        counted = _counted(spec, m, batch)
+        brief["alongside_steps_per_sec"] = m.alongside
+        brief["scaling_efficiency"] = metrics.scaling_efficiency(counted, spec.workers, m.alongside)
+    return brief

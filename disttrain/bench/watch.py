@@ -23,6 +23,7 @@ from disttrain.bench import measure as measure_lib
 from disttrain.edges import local
 
 MACHINE, BENCHMARK = "machine", "benchmark"  # CPU counters next to each task's
+FILLERS = "fillers"  # the CPU budgets' fillers (bench.budget), with --host_cores
 _POLL_SECS = 0.05
 
 
@@ -108,12 +109,14 @@ def watch(
     measure: int,
     timeout: float,
     link_bytes: Callable[[], tuple] | None = None,
+    budget: Callable[[], object] | None = None,
     progress: Callable[[str], None] | None = None,
     progress_secs: float = 20.0,
 ) -> measure_lib.Measurement:
     """Samples of `replicas` until `warmup` + `measure` intervals each are in (see bench.measure).
 
     Raises RunFailed if any of `procs` exits first or `timeout` seconds pass.
+    `link_bytes` and `budget` read the links' and the CPU budgets' counters at each chief line.
     `progress` gets a line every `progress_secs`.
     """
     by_name = {p.name: p for p in procs}
@@ -123,7 +126,7 @@ def watch(
     with local.interrupt_between_ticks() as interrupted:  # Ctrl-C: see local.interrupt_between_ticks
         while not interrupted():
             for r, follower in followers.items():
-                samples[r] += _new_samples(follower, procs, r == chief, link_bytes)
+                samples[r] += _new_samples(follower, procs, r == chief, link_bytes, budget)
             result = measure_lib.measure(samples, chief, every_n, examples_per_step, warmup, measure)
             if result is not None:
                 why = measure_lib.trained_nothing(samples, result.t_start, every_n)
@@ -148,7 +151,11 @@ def watch(
 
 
 def _new_samples(
-    follower: local.LogFollower, procs: list[Proc], counters: bool, link_bytes: Callable[[], tuple] | None
+    follower: local.LogFollower,
+    procs: list[Proc],
+    counters: bool,
+    link_bytes: Callable[[], tuple] | None,
+    budget: Callable[[], object] | None,
 ) -> list[measure_lib.Sample]:
     """Samples of a replica's new throughput lines; with `counters` (the chief), CPU and link counters too."""
     found = []
@@ -161,6 +168,9 @@ def _new_samples(
             parsed["cpu_seconds"] = _counters(procs)
             if link_bytes is not None:
                 parsed["link_bytes"] = link_bytes()
+            if budget is not None:
+                parsed["budget"] = reading = budget()
+                parsed["cpu_seconds"][FILLERS] = reading.filler_total  # the benchmark's own, not others'
         found.append(measure_lib.Sample(t=time.monotonic(), **parsed))
     return found
 

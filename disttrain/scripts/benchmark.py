@@ -44,6 +44,18 @@ flags.DEFINE_float(
     "Instead of --link_mbit: the emulated link moves the model's bytes each way in this many of one "
     "process's steps (measured first), so that the case means the same on any machine; 1.0 is seed 000's.",
 )
+flags.DEFINE_float(
+    "host_cores",
+    None,
+    "Emulated: each host's CPU budget in cores (a cgroup per host pinned to its own cores; one process "
+    "alone runs under the same budget), so that hosts do not share this machine's cores (root).",
+)
+flags.DEFINE_list(
+    "budget_check",
+    [],
+    "Instead of the benchmark: is --host_cores fair here? K copies of one process, each on a budget of its "
+    "own, together and alone, for each K given (e.g. 2,4,8); exits 1 if any spread exceeds 5%.",
+)
 flags.DEFINE_float("link_latency_ms", 0.0, "Emulated one-way latency per host link (needs sch_netem).")
 flags.DEFINE_enum(
     "ps_placement", "dedicated", ["dedicated", "colocated"], "PS on own hosts, or PS i on worker i's host."
@@ -98,6 +110,7 @@ def main(argv):
         link_mbit=FLAGS.link_mbit,
         link_ratio=FLAGS.link_ratio,
         latency_ms=FLAGS.link_latency_ms,
+        host_cores=FLAGS.host_cores,
         ps_placement=FLAGS.ps_placement,
         warmup_steps=FLAGS.warmup_steps,
         measure_steps=FLAGS.measure_steps,
@@ -111,6 +124,14 @@ def main(argv):
     )
     say = lambda line: print(line, flush=True)
     save = (lambda r: report_lib.write_json(r, out)) if out else None
+    if FLAGS.budget_check:
+        counts = ints("budget_check", FLAGS.budget_check)
+        with cli.errors_to_exit():
+            report = runner.Benchmark(config, log=say, on_update=save).check_budget(counts)
+        if out:
+            report_lib.write_json(report, out)
+            say(f"report: {out}")
+        return 0 if all(check["fair"] for check in report["checks"]) else 1
     with cli.errors_to_exit():
         report = runner.Benchmark(config, log=say, on_update=save).run()
     say("")
