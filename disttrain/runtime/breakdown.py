@@ -245,8 +245,11 @@ class Breakdown:
     def waits_for_cores(self) -> bool:
         """This machine's cores were `SATURATED` while this process had less than `1 - BINDS` of a core
         a step: a core of its own would make its step at least as much faster as a part that binds.
-        (A compute-bound task that computed on a core nearly all along is not waiting.)"""
-        return self.busy_share >= SATURATED and 0 < self.cpu_secs < (1 - BINDS) * self.step_secs
+        (A compute-bound task that computed on a core nearly all along is not waiting.) Under a CPU
+        limit below one core, "a core" is the limit: a task that used all of it was computing on a
+        slower core, not waiting for one; one that shared it with its host's other tasks was."""
+        core = min(1.0, self.machine_cores) if self.cores_limited else 1.0
+        return self.busy_share >= SATURATED and 0 < self.cpu_secs < (1 - BINDS) * core * self.step_secs
 
     @property
     def cores_text(self) -> str:

@@ -166,11 +166,14 @@ def test_the_parts_that_bind_the_step_are_named_longest_first_with_their_evidenc
     assert waited[0].text.startswith("this machine's 2 cores were 98% busy while worker_1 stepped")
     computing = dataclasses.replace(full, cpu_secs=0.1)
     assert breakdown.verdict(computing, "worker_1").startswith("no bottleneck: compute is 92%")
-    # In a cgroup with a CPU quota, the cores are the quota and busy is the group's own time.
+    # In a cgroup with a CPU quota, the cores are the quota and busy is the group's own time: a task
+    # that got all of it a step computed on a slower core (no alarm); one that got less shared it.
     limited = dataclasses.replace(
-        full, machine_busy=0.45, machine_cores=0.45, cores_limited=True, cpu_secs=0.04
+        full, machine_busy=0.45, machine_cores=0.45, cores_limited=True, cpu_secs=0.044
     )
-    assert breakdown.causes(limited, "worker_1")[0].text.startswith(
+    assert breakdown.verdict(limited, "worker_1").startswith("no bottleneck: compute is 92%")
+    assert "its CPU limit of 0.45 core(s) 100% busy" in limited.summary()
+    shared = dataclasses.replace(limited, cpu_secs=0.02)  # the PS on its host took the rest
+    assert breakdown.causes(shared, "worker_1")[0].text.startswith(
         "its CPU limit of 0.45 core(s) were 100% busy while worker_1 stepped"
     )
-    assert "its CPU limit of 0.45 core(s) 100% busy" in limited.summary()

@@ -87,7 +87,13 @@ def test_a_task_held_by_its_cpu_limit_is_told_to_raise_it(tmp_path):
     path = os.path.join(logdir, "tasks", "worker_0", "result.json")
     with open(path) as f:
         result = json.load(f)
-    result["breakdown"] |= {"machine_cores": 0.45, "machine_busy": 0.44, "cores_limited": True}
+    # 20 ms of CPU in a 100 ms step under a limit of 0.45 core: it shared its host's quota.
+    result["breakdown"] |= {
+        "machine_cores": 0.45,
+        "machine_busy": 0.44,
+        "cores_limited": True,
+        "cpu_secs": 0.02,
+    }
     with open(path, "w") as f:
         json.dump(result, f)
     first = diagnose.findings(diagnose.read_run(logdir))[0]
