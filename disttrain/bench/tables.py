@@ -703,8 +703,155 @@ def seeds(root: str) -> str:
     return markdown(header, body) + "\n\n" + bench_caption(reports, what)
 
 
+BUDGET_DIR = "docs/reports/budget"  # bin/benchmark.py --budget_check's reports (issue 49)
+
+
+def budget_fairness(root: str) -> str:
+    """docs/benchmark.md's fairness of a CPU budget per host: K copies of one step together, each on its
+    own budget, beside one copy alone before and after, from every report in BUDGET_DIR."""
+    header = [
+        "budget",
+        "copies",
+        "together, steps/s",
+        "among them",
+        "alone before, after",
+        "spread",
+        "fair (5%)",
+    ]
+    body, reports = [], []
+    for path in sorted(glob.glob(os.path.join(root, BUDGET_DIR, "*.json"))):
+        report = load(root, os.path.relpath(path, root))
+        reports.append(report)
+        cores = f"{report['config']['host_cores']:g} core"
+        for check in report["checks"]:
+            if check["spread"] is None:
+                body.append([cores, check["copies"], "FAILED", "-", "-", "-", "no"])
+                continue
+            rates = check["together"]["steps_per_sec"]
+            alone = ", ".join(f"{x['steps_per_sec'][0]:.2f}" for x in check["alone"])
+            together = f"{min(rates):.2f}-{max(rates):.2f}" if len(rates) > 1 else f"{rates[0]:.2f}"
+            within = f"{max(rates) / min(rates) - 1:.1%}"  # the copies in one window
+            fair = "yes" if check["fair"] else "no"
+            body.append([cores, check["copies"], together, within, alone, f"{check['spread']:.1%}", fair])
+    if not body:
+        return NOT_MEASURED
+    models = sorted({f"{r['config']['model']} batch {r['config']['batch_size']}" for r in reports})
+    what = (
+        f"{', '.join(models)}; each copy one intra-op thread, pinned, a quota per 20 ms; spread: the fastest "
+        "over the slowest of the copies together and the mean alone; "
+        f"`--budget_check` reports in {BUDGET_DIR}/, "
+        + when([r["config"].get("started_utc", "")[:10] or None for r in reports])
+    )
+    return markdown(header, body) + "\n\n" + caption(what)
+
+
+SCALING_DIR = "docs/reports/scaling"  # issue 49's scaling runs: hosts of their own, 1 to 8 of them
+
+
+def _system_name(run: dict) -> str:
+    name = PEERS.get(run["system"]) or STRATEGY_NAMES.get(run["system"])
+    if name:
+        return name
+    return "TF's default" if run["system"] == TF_DEFAULT else f"disttrain ({run['strategy']})"
+
+
+def _hosts(run: dict) -> int:
+    return run["workers"] + (run["ps"] if run.get("layout") == "dedicated" else 0)
+
+
+def scaling(root: str) -> str:
+    """The seeds' table of our own: per system and worker count, examples/s and the efficiency against N x
+    one host under the same budget (alone beside the run), with its spread over the repeats, from every
+    report in SCALING_DIR."""
+    header = [
+        "model",
+        "system",
+        "workers",
+        "hosts",
+        "examples/s",
+        "x N one host",
+        "over repeats",
+        "of the bound",
+    ]
+    body, reports = [], []
+    for path in sorted(glob.glob(os.path.join(root, SCALING_DIR, "*.json"))):
+        report = load(root, os.path.relpath(path, root))
+        reports.append(report)
+        cfg = report["config"]
+        model = f"{cfg['model']} b{cfg['batch_size']}"
+        for run in sorted(report["runs"], key=lambda r: (_system_name(r), r["workers"])):
+            if not trained(run):
+                cells = ["-"] * 3 + [run.get("error", "").split("\n")[0][:60] or "failed"]
+            else:
+                effs = [
+                    x["scaling_efficiency"] for x in run.get("repeats", []) if x.get("scaling_efficiency")
+                ]
+                spread = f"{min(effs):.2f}-{max(effs):.2f}" if len(effs) > 1 else "one run"
+                bound = run.get("efficiency_vs_bound")
+                cells = [
+                    f"{run['counted_examples_per_sec']:.0f}",
+                    f"{run['scaling_efficiency']:.2f}",
+                    spread,
+                    f"{bound:.2f}" if bound is not None else "-",
+                ]
+            body.append([model, _system_name(run), run["workers"], _hosts(run), *cells])
+    if not body:
+        return NOT_MEASURED
+    budgets = sorted({f"{r['config'].get('host_cores')}" for r in reports})
+    ratios = sorted({f"{r['config'].get('link_ratio')}" for r in reports})
+    what = (
+        f"every host on a CPU budget of {', '.join(budgets)} core and links at ratio {', '.join(ratios)} "
+        "to one host's step (`--host_cores`, `--link_ratio`); x N one host: counted examples/s over N x "
+        "one process alone beside the run on the same budget; "
+        f"reports in {SCALING_DIR}/ and the plot beside each"
+    )
+    return markdown(header, body) + "\n\n" + bench_caption(reports, what)
+
+
+def scaling_plots(root: str) -> list[str]:
+    """A plot of efficiency against hosts, a line per system, beside each report of SCALING_DIR; the paths
+    written (none without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    for path in sorted(glob.glob(os.path.join(root, SCALING_DIR, "*.json"))):
+        report = load(root, os.path.relpath(path, root))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        lines: dict[str, list[tuple[int, float]]] = {}
+        for run in report["runs"]:
+            if trained(run) and run.get("scaling_efficiency") is not None:
+                lines.setdefault(_system_name(run), []).append((_hosts(run), run["scaling_efficiency"]))
+        for name, points in sorted(lines.items()):
+            points.sort()
+            ax.plot([h for h, _ in points], [e for _, e in points], marker="o", label=name)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("emulated hosts (workers and PS hosts)")
+        ax.set_ylabel("x N one host (same budget, same window)")
+        ax.set_ylim(0, 1.2)
+        cfg = report["config"]
+        ax.set_title(
+            f"{cfg['model']} batch {cfg['batch_size']}: {cfg.get('host_cores')} core a host, "
+            f"links at ratio {cfg.get('link_ratio')}",
+            fontsize=9,
+        )
+        ax.legend(fontsize=8, frameon=False)
+        fig.tight_layout()
+        out = os.path.splitext(path)[0] + ".png"
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        written.append(os.path.relpath(out, root))
+    return written
+
+
 TABLES: dict[str, Renderer | str] = {
     "headline": headline,
+    "budget_fairness": budget_fairness,
+    "scaling": scaling,
     "seeds": seeds,
     "targets": targets,
     "link_bytes": link_bytes,

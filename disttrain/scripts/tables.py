@@ -60,6 +60,8 @@ def main(argv):
         print(f"{line} rewritten")
     unplotted = tables.headline_plot(root)
     print(f"plot: {unplotted}" if unplotted else f"plot: {tables.HEADLINE_PLOT}")
+    for path in tables.scaling_plots(root):
+        print(f"plot: {path}")
     if not changed:
         print("every table was up to date")
     return 1 if problems else 0

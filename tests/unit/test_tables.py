@@ -117,6 +117,47 @@ def test_a_seeds_row_reads_tf_defaults_verdict_and_what_disttrain_got_beside_it(
     assert "| not measured | - | - | - |" in tables.render("seeds", str(gone))
 
 
+def test_a_budget_check_renders_a_row_per_k_with_its_spread_and_verdict(tmp_path):
+    os.makedirs(tmp_path / tables.BUDGET_DIR)
+    alone = [{"steps_per_sec": [2.0]}, {"steps_per_sec": [2.1]}]
+    checks = [
+        {
+            "copies": 2,
+            "alone": alone,
+            "together": {"steps_per_sec": [2.0, 2.06]},
+            "spread": 0.03,
+            "fair": True,
+        },
+        {"copies": 8, "alone": alone, "together": {"error": "refused"}, "spread": None, "fair": False},
+    ]
+    config = {"host_cores": 0.22, "model": "Cifar10", "batch_size": 32, "started_utc": "2026-12-07T09:05:57Z"}
+    (tmp_path / tables.BUDGET_DIR / "c.json").write_text(json.dumps({"config": config, "checks": checks}))
+    text = tables.render("budget_fairness", str(tmp_path))
+    two, eight = text.splitlines()[2:4]
+    assert two == "| 0.22 core | 2 | 2.00-2.06 | 3.0% | 2.00, 2.10 | 3.0% | yes |"
+    assert eight == "| 0.22 core | 8 | FAILED | - | - | - | no |"
+    assert text.endswith("measured 2026-12-07.*")
+
+
+def test_the_scaling_table_gives_each_systems_efficiency_against_n_hosts_alone_and_its_spread(tmp_path):
+    os.makedirs(tmp_path / tables.SCALING_DIR)
+    repeats = [{"scaling_efficiency": 0.9}, {"scaling_efficiency": 0.94}]
+    runs = [
+        bench_run("disttrain", 0.92, 0.95, workers=4, counted_examples_per_sec=230.0, repeats=repeats),
+        bench_run("tf_default", 0.3, 0.31, workers=4, counted_examples_per_sec=75.0),
+        bench_run("tf2_mwms", 0.0, 0.0, workers=4, layout="ring", ps=0, error="exited with code 1\nlog"),
+    ]
+    report = bench_report(runs)
+    report["config"] |= {"host_cores": 0.18, "link_ratio": 1.0}
+    (tmp_path / tables.SCALING_DIR / "cifar10.json").write_text(json.dumps(report))
+    rows = tables.render("scaling", str(tmp_path)).splitlines()[2:5]
+    assert rows[0] == "| Cifar10 b32 | TF 2 MWMS | 4 | 4 | - | - | - | exited with code 1 |"
+    assert rows[1] == "| Cifar10 b32 | TF's default | 4 | 5 | 75 | 0.30 | one run | 0.31 |"
+    assert rows[2] == "| Cifar10 b32 | disttrain (async_ps) | 4 | 5 | 230 | 0.92 | 0.90-0.94 | 0.95 |"
+    plots = tables.scaling_plots(str(tmp_path))
+    assert plots == [f"{tables.SCALING_DIR}/cifar10.png"] and (tmp_path / plots[0]).stat().st_size > 0
+
+
 def test_readmes_first_forty_lines_hold_no_date():
     with open(os.path.join(REPO, "README.md")) as f:
         first = "".join(f.readlines()[:40])
