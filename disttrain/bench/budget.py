@@ -44,6 +44,7 @@ from typing import NamedTuple
 PERIOD_US = 20_000
 SHARES = 8192  # cgroup v1 cpu.shares; v2 cpu.weight gets the same ratio to its default (100)
 HEADROOM = 0.1  # of each core, left outside every budget
+JUDGE_SECS = 2.0  # a shorter window is reported, not judged
 IDLE_AT_LEAST = 0.02  # a core with less idle time than this may have kept a host from its budget
 _V1 = ("cpu", "cpuacct", "cpuset")
 _ROOT = "/sys/fs/cgroup"
@@ -395,8 +396,12 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
         filled = (end.fillers.get(c, 0.0) - start.fillers.get(c, 0.0)) * tick
         idle.append(round(min(1.0, 1 - (busy1 - busy0 - filled) / total), 3) if total else 1.0)
     full = [c for c in sorted({c for p in pinned for c in p}) if idle[c] < IDLE_AT_LEAST]
-    over = [h["host"] for h in hosts if h["of_budget"] > 1.05]
+    # The quota holds per period: a window a few periods long may see one more period's quota.
+    slack = 0.05 + 2 * PERIOD_US / 1e6 / secs if secs > 0 else float("inf")
+    over = [h["host"] for h in hosts if h["of_budget"] > 1 + slack]
     reason = None
+    if secs < JUDGE_SECS:  # /proc/stat counts in ticks of 10 ms: too few to judge a core's idle time
+        full, over = [], []
     if full:
         on = [h["host"] for h in hosts if set(h["cores"]) & set(full)]
         reason = (
@@ -406,7 +411,14 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
         )
     elif over:
         reason = f"host(s) {over} used more than their {cores:g} core(s): the quota did not hold"
-    return {"window_seconds": round(secs, 2), "hosts": hosts, "core_idle": idle, "refused": reason}
+    judged = secs >= JUDGE_SECS
+    return {
+        "window_seconds": round(secs, 2),
+        "hosts": hosts,
+        "core_idle": idle,
+        "judged": judged,
+        "refused": reason,
+    }
 
 
 FAIR = 0.05  # copies on budgets of their own: every rate within this of every other
