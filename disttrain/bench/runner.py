@@ -259,6 +259,16 @@ class Benchmark:
         if c.link_ratio is not None and not c.reference:
             raise BenchError("--link_ratio scales the link to one process's step: drop --noreference")
 
+    def _check_budgets_fit(self, specs: list[RunSpec]) -> None:
+        """With --host_cores: emulated hosts, and every run's hosts and the ones alongside fit."""
+        c = self.config
+        if c.host_cores is None:
+            return
+        if c.network != EMULATED:
+            raise BenchError("--host_cores gives each emulated host its budget: use --network=emulated")
+        most = ALONGSIDE + max(self._hosts_of(spec)[0] for spec in specs)
+        self._check_fits(most, f"--host_cores={c.host_cores:g}")
+
     def _check_fits(self, hosts: int, flag: str) -> None:
         """BenchError, before anything starts, if `hosts` budgets of --host_cores do not fit this machine."""
         try:
@@ -526,41 +536,13 @@ class Benchmark:
     def run(self) -> dict:
         c = self.config
         specs = self._specs_cache = self._specs()
-        if c.host_cores is not None:
-            if c.network != EMULATED:
-                raise BenchError("--host_cores gives each emulated host its budget: use --network=emulated")
-            most = ALONGSIDE + max(self._hosts_of(spec)[0] for spec in specs)  # and the ones alongside
-            self._check_fits(most, f"--host_cores={c.host_cores:g}")
+        self._check_budgets_fit(specs)
         base = c.load_config(self._bindings())
         every_n, batch = base.log_every_steps, base.batch_size
         sizes = traffic.model_bytes(base)
         self._model = {"every_n": every_n, "batch": batch, "bytes": sizes}
         report = {
-            "config": {
-                "gin_files": list(c.gin_files),
-                "gin_params": list(c.gin_params),
-                "model": type(base.model).__name__,
-                "model_bytes": sizes.total,
-                **_lookup_fields(sizes),
-                "batch_size": batch,
-                "intra_op_threads": base.intra_op_threads,
-                "inter_op_threads": base.inter_op_threads,
-                "network": c.network,
-                "link_mbit": c.link_mbit,
-                "link_ratio": c.link_ratio,
-                "latency_ms": c.latency_ms,
-                "host_cores": c.host_cores,
-                "budget_period_ms": budget_lib.PERIOD_US / 1000 if c.host_cores else None,
-                "ps_placement": c.ps_placement,
-                "warmup_steps": c.warmup_steps,
-                "measure_steps": c.measure_steps,
-                "repeats": c.repeats,
-                "steps_per_log_line": every_n,
-                "cpus": os.cpu_count(),
-                "tensorflow": tf.__version__,
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the tables' date
-            },
+            "config": self._report_config(base, sizes),
             "reference": None,
             "runs": [],
         }
@@ -594,6 +576,35 @@ class Benchmark:
                 ]
                 self.on_update(report)
         return report
+
+    def _report_config(self, base: TrainConfig, sizes: traffic.ModelBytes) -> dict:
+        """The report's `config`: what ran, on what, and when."""
+        c = self.config
+        return {
+            "gin_files": list(c.gin_files),
+            "gin_params": list(c.gin_params),
+            "model": type(base.model).__name__,
+            "model_bytes": sizes.total,
+            **_lookup_fields(sizes),
+            "batch_size": base.batch_size,
+            "intra_op_threads": base.intra_op_threads,
+            "inter_op_threads": base.inter_op_threads,
+            "network": c.network,
+            "link_mbit": c.link_mbit,
+            "link_ratio": c.link_ratio,
+            "latency_ms": c.latency_ms,
+            "host_cores": c.host_cores,
+            "budget_period_ms": budget_lib.PERIOD_US / 1000 if c.host_cores else None,
+            "ps_placement": c.ps_placement,
+            "warmup_steps": c.warmup_steps,
+            "measure_steps": c.measure_steps,
+            "repeats": c.repeats,
+            "steps_per_log_line": base.log_every_steps,
+            "cpus": os.cpu_count(),
+            "tensorflow": tf.__version__,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the tables' date
+        }
 
     def check_budget(self, counts: Sequence[int]) -> dict:
         """Is --host_cores fair here? K copies of one process's step, each on a budget of its own, run
