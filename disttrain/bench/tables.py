@@ -68,6 +68,12 @@ def load(root: str, path: str) -> dict | None:
         return json.load(f)
 
 
+def reports_in(root: str, folder: str) -> dict[str, dict]:
+    """Every JSON report in `folder` (relative to root), by its full path, in name order."""
+    found = sorted(glob.glob(os.path.join(root, folder, "*.json")))
+    return {path: load(root, os.path.relpath(path, root)) for path in found}
+
+
 def when(dates: Sequence[str | None]) -> str:
     """'measured 2026-12-02', or a range, from the reports' dates; 'date not recorded' without one."""
     known = sorted({d for d in dates if d})
@@ -718,10 +724,8 @@ def budget_fairness(root: str) -> str:
         "spread",
         "fair (5%)",
     ]
-    body, reports = [], []
-    for path in sorted(glob.glob(os.path.join(root, BUDGET_DIR, "*.json"))):
-        report = load(root, os.path.relpath(path, root))
-        reports.append(report)
+    body, reports = [], reports_in(root, BUDGET_DIR)
+    for report in reports.values():
         cores = f"{report['config']['host_cores']:g} core"
         for check in report["checks"]:
             if check["spread"] is None:
@@ -735,12 +739,12 @@ def budget_fairness(root: str) -> str:
             body.append([cores, check["copies"], together, within, alone, f"{check['spread']:.1%}", fair])
     if not body:
         return NOT_MEASURED
-    models = sorted({f"{r['config']['model']} batch {r['config']['batch_size']}" for r in reports})
+    models = sorted({f"{r['config']['model']} batch {r['config']['batch_size']}" for r in reports.values()})
     what = (
         f"{', '.join(models)}; each copy one intra-op thread, pinned, a quota per 20 ms; spread: the fastest "
         "over the slowest of the copies together and the mean alone; "
         f"`--budget_check` reports in {BUDGET_DIR}/, "
-        + when([r["config"].get("started_utc", "")[:10] or None for r in reports])
+        + when([r["config"].get("started_utc", "")[:10] or None for r in reports.values()])
     )
     return markdown(header, body) + "\n\n" + caption(what)
 
@@ -773,10 +777,8 @@ def scaling(root: str) -> str:
         "over repeats",
         "of the bound",
     ]
-    body, reports = [], []
-    for path in sorted(glob.glob(os.path.join(root, SCALING_DIR, "*.json"))):
-        report = load(root, os.path.relpath(path, root))
-        reports.append(report)
+    body, reports = [], reports_in(root, SCALING_DIR)
+    for report in reports.values():
         cfg = report["config"]
         model = f"{cfg['model']} b{cfg['batch_size']}"
         for run in sorted(report["runs"], key=lambda r: (_system_name(r), r["workers"])):
@@ -797,15 +799,15 @@ def scaling(root: str) -> str:
             body.append([model, _system_name(run), run["workers"], _hosts(run), *cells])
     if not body:
         return NOT_MEASURED
-    budgets = sorted({f"{r['config'].get('host_cores')}" for r in reports})
-    ratios = sorted({f"{r['config'].get('link_ratio')}" for r in reports})
+    budgets = sorted({f"{r['config'].get('host_cores')}" for r in reports.values()})
+    ratios = sorted({f"{r['config'].get('link_ratio')}" for r in reports.values()})
     what = (
         f"every host on a CPU budget of {', '.join(budgets)} core and links at ratio {', '.join(ratios)} "
         "to one host's step (`--host_cores`, `--link_ratio`); x N one host: counted examples/s over N x "
         "one process alone beside the run on the same budget; "
         f"reports in {SCALING_DIR}/ and the plot beside each"
     )
-    return markdown(header, body) + "\n\n" + bench_caption(reports, what)
+    return markdown(header, body) + "\n\n" + bench_caption(list(reports.values()), what)
 
 
 def scaling_plots(root: str) -> list[str]:
@@ -819,8 +821,7 @@ def scaling_plots(root: str) -> list[str]:
     except ImportError:
         return []
     written = []
-    for path in sorted(glob.glob(os.path.join(root, SCALING_DIR, "*.json"))):
-        report = load(root, os.path.relpath(path, root))
+    for path, report in reports_in(root, SCALING_DIR).items():
         fig, ax = plt.subplots(figsize=(6, 4))
         lines: dict[str, list[tuple[int, float]]] = {}
         for run in report["runs"]:
