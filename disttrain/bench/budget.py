@@ -242,6 +242,7 @@ class CpuBudgets:
         if reason is not None:
             raise BudgetError(f"CPU budgets unavailable: {reason}")
         cleanup_stale(self.prefix)
+        self._v1 = _mode()[0] == "v1"  # read once: usage() runs at every chief line
         try:
             for i in range(self.num_hosts):
                 self._groups.append(self._make(f"{i}", self.pinned[i], quota=True))
@@ -298,10 +299,9 @@ class CpuBudgets:
         """argv run inside host i's group: a shell enters it, then execs argv (same pid)."""
         return self._enter(self._groups[i], argv)
 
-    @staticmethod
-    def _cpu(dirs: list[str]) -> tuple[float, dict[str, int]]:
+    def _cpu(self, dirs: list[str]) -> tuple[float, dict[str, int]]:
         """A group's CPU seconds and its cpu.stat."""
-        if _mode()[0] == "v1":
+        if self._v1:
             cpuacct = next(d for d in dirs if os.path.exists(os.path.join(d, "cpuacct.usage")))
             cpu = next(d for d in dirs if os.path.exists(os.path.join(d, "cpu.stat")))
             return int(_read(os.path.join(cpuacct, "cpuacct.usage"))) / 1e9, _stat(
