@@ -396,9 +396,7 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
         filled = (end.fillers.get(c, 0.0) - start.fillers.get(c, 0.0)) * tick
         idle.append(round(min(1.0, 1 - (busy1 - busy0 - filled) / total), 3) if total else 1.0)
     full = [c for c in sorted({c for p in pinned for c in p}) if idle[c] < IDLE_AT_LEAST]
-    # The quota holds per period: a window a few periods long may see one more period's quota.
-    slack = 0.05 + 2 * PERIOD_US / 1e6 / secs if secs > 0 else float("inf")
-    over = [h["host"] for h in hosts if h["of_budget"] > 1 + slack]
+    over = [h["host"] for h in hosts if h["of_budget"] > 1 + quota_slack(secs)]
     reason = None
     if secs < JUDGE_SECS:  # /proc/stat counts in ticks of 10 ms: too few to judge a core's idle time
         full, over = [], []
@@ -419,6 +417,15 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
         "judged": judged,
         "refused": reason,
     }
+
+
+def quota_slack(secs: float) -> float:
+    """How far over its budget a host may read in a window of `secs` while its quota held.
+
+    The quota holds per period, so a window sees up to two periods' quota more at its edges,
+    and the kernel charges time in ticks a little after it is used.
+    """
+    return 0.05 + 2 * PERIOD_US / 1e6 / secs if secs > 0 else float("inf")
 
 
 FAIR = 0.05  # copies on budgets of their own: every rate within this of every other
