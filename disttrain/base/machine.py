@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 
-def _mounts() -> dict[str, str]:
-    """Mount point of each cgroup v1 controller, and 'v2' for the unified hierarchy."""
+def cgroup_mounts() -> dict[str, str]:
+    """Mount point of each cgroup v1 controller ('cpu', 'cpuacct', 'cpuset', ...), and 'v2' for the
+    unified hierarchy; {} where /proc/mounts cannot be read."""
     found: dict[str, str] = {}
     try:
         with open("/proc/mounts") as f:
@@ -32,7 +33,7 @@ def _mounts() -> dict[str, str]:
 
 def _own_groups() -> dict[str, str]:
     """This process's group directory per controller ('cpu', 'cpuacct'; 'v2'), where mounted."""
-    mounts, found = _mounts(), {}
+    mounts, found = cgroup_mounts(), {}
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
@@ -113,7 +114,7 @@ def busy_seconds() -> float:
             stat = _read(os.path.join(d, "cpu.stat")) or ""
             usage = dict(line.split() for line in stat.splitlines() if line.strip())
             return int(usage.get("usage_usec", 0)) / 1e6
-        mounts = _mounts()
+        mounts = cgroup_mounts()
         if "cpuacct" in mounts:  # the same relative path in cpuacct's hierarchy (the same one if co-mounted)
             text = _read(os.path.join(mounts["cpuacct"], os.path.relpath(d, mounts["cpu"]), "cpuacct.usage"))
             if text:

@@ -17,15 +17,16 @@ started through `wrap(i, argv)`:
              processes (the benchmark itself, the tests), up to its quota.
 
 Each core keeps HEADROOM of its time outside every budget, for the kernel's packet
-work (the veth and bridge path runs in softirq, charged to no host) and the
-benchmark's own process. `usage()` reads each host's CPU seconds and throttled
-periods; `Window` turns two readings and the machine's per-core counters into what
+work (the veth and bridge path runs in softirq; without IRQ time accounting it is
+charged to whichever host's task it interrupts, and `got()` reports each core's
+share of it) and the benchmark's own process. `usage()` reads each host's CPU seconds and throttled
+periods; `got()` turns two readings and the machine's per-core counters into what
 each host got, and the reason a run is refused when a host may not have got its
 budget (a core with no idle time left).
 
 Needs root and the controllers mounted. Groups are named `<prefix>-<pid>-<k>-<i>`
 like netem's namespaces, so `cleanup_stale(prefix)` removes what a killed run left.
-Stdlib only: this module must not import TensorFlow.
+This module must not import TensorFlow (it and disttrain.base are stdlib only).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import subprocess
 import sys
 import time
 from typing import NamedTuple
+
+from disttrain.base import machine
 
 PERIOD_US = 20_000
 SHARES = 8192  # cgroup v1 cpu.shares; v2 cpu.weight gets the same ratio to its default (100)
@@ -63,28 +66,6 @@ class HostCpu(NamedTuple):
     throttled: int
 
 
-def _mounts() -> dict[str, str]:
-    """Where each cgroup controller is mounted: {'cpu': path, ..., 'v2': path}."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/mounts") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        path, kind, options = parts[1], parts[2], parts[3].split(",")
-        if kind == "cgroup":
-            for c in _V1:
-                if c in options:
-                    found.setdefault(c, path)
-        elif kind == "cgroup2":
-            found.setdefault("v2", path)
-    return found
-
-
 def _v2_controllers(path: str) -> set[str]:
     try:
         with open(os.path.join(path, "cgroup.controllers")) as f:
@@ -95,7 +76,7 @@ def _v2_controllers(path: str) -> set[str]:
 
 def _mode() -> tuple[str, dict[str, str]] | None:
     """('v1', {controller: mount}) or ('v2', {'v2': mount}), whichever gives cpu and cpuset; else None."""
-    m = _mounts()
+    m = {k: v for k, v in machine.cgroup_mounts().items() if k in (*_V1, "v2")}
     if all(c in m for c in _V1):
         return "v1", {c: m[c] for c in _V1}
     if "v2" in m and {"cpu", "cpuset"} <= _v2_controllers(m["v2"]):
@@ -337,15 +318,20 @@ class CpuBudgets:
         )
 
 
-def core_busy() -> tuple[tuple[int, int], ...]:
-    """(busy, total) jiffies of each core since boot, from /proc/stat's cpuN lines."""
+def core_busy() -> tuple[tuple[int, int, int], ...]:
+    """(busy, total, interrupts) jiffies of each core since boot, from /proc/stat's cpuN lines.
+
+    Interrupts are the ticks that found the core in hard or soft interrupt context: the kernel's packet
+    work (veth, the bridge, tbf). Without IRQ time accounting (this VM's kernel) a cgroup is charged
+    for that time too, whichever host's task it interrupted; this says how much there was.
+    """
     out = []
     with open("/proc/stat") as f:
         for line in f:
             if re.match(r"cpu\d+ ", line):
                 v = list(map(int, line.split()[1:9]))
                 idle = v[3] + v[4]
-                out.append((sum(v) - idle, sum(v)))
+                out.append((sum(v) - idle, sum(v), v[5] + v[6]))
     return tuple(out)
 
 
@@ -354,7 +340,7 @@ class Reading(NamedTuple):
 
     t: float
     hosts: tuple[HostCpu, ...]
-    cores: tuple[tuple[int, int], ...]
+    cores: tuple[tuple[int, int, int], ...]  # core_busy()
     fillers: dict[int, float]  # CPU seconds per core
 
     @property
@@ -389,12 +375,13 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
                 "throttled_share": round((h1.throttled - h0.throttled) / periods, 3) if periods else 0.0,
             }
         )
-    idle = []  # the fillers' time counts as idle: they take only what no one else wants
+    idle, interrupts = [], []  # the fillers' time counts as idle: they take only what no one else wants
     tick = os.sysconf("SC_CLK_TCK")
-    for c, ((busy0, all0), (busy1, all1)) in enumerate(zip(start.cores, end.cores, strict=True)):
+    for c, ((busy0, all0, irq0), (busy1, all1, irq1)) in enumerate(zip(start.cores, end.cores, strict=True)):
         total = all1 - all0
         filled = (end.fillers.get(c, 0.0) - start.fillers.get(c, 0.0)) * tick
         idle.append(round(min(1.0, 1 - (busy1 - busy0 - filled) / total), 3) if total else 1.0)
+        interrupts.append(round((irq1 - irq0) / total, 3) if total else 0.0)
     full = [c for c in sorted({c for p in pinned for c in p}) if idle[c] < IDLE_AT_LEAST]
     over = [h["host"] for h in hosts if h["of_budget"] > 1 + quota_slack(secs)]
     reason = None
@@ -414,6 +401,7 @@ def got(start: Reading, end: Reading, cores: float, pinned: list[tuple[int, ...]
         "window_seconds": round(secs, 2),
         "hosts": hosts,
         "core_idle": idle,
+        "core_interrupts": interrupts,
         "judged": judged,
         "refused": reason,
     }

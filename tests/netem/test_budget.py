@@ -133,6 +133,9 @@ def test_a_budgeted_benchmark_reports_each_hosts_budget_and_divides_by_a_host_al
     slack = budget.quota_slack(run["host_budget"]["window_seconds"])
     assert all(h["of_budget"] <= 1 + slack for h in hosts), hosts
     assert hosts[-1]["of_budget"] > 0.8  # the process alone computes all along
+    # Each core's share of time in interrupts (the kernel's packet work) is reported beside the hosts.
+    assert len(run["host_budget"]["core_interrupts"]) == os.cpu_count()
+    assert all(0 <= x < 0.5 for x in run["host_budget"]["core_interrupts"])
     assert run["alongside_steps_per_sec"] > 0
     assert run["scaling_efficiency"] == pytest.approx(
         run["counted_steps_per_sec"] / run["alongside_steps_per_sec"]

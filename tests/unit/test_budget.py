@@ -50,16 +50,21 @@ def test_tensorflow_gets_a_thread_per_core_the_budget_may_use(cores, threads):
 
 
 def _reading(t, hosts, cores, fillers=None):
-    return Reading(t, tuple(HostCpu(*h) for h in hosts), tuple(cores), fillers or {})
+    """cores: (busy, total) jiffies, or (busy, total, in interrupts)."""
+    cores = tuple((*c, 0)[:3] for c in cores)
+    return Reading(t, tuple(HostCpu(*h) for h in hosts), cores, fillers or {})
 
 
 def test_a_window_reports_each_hosts_cpu_against_its_budget_and_its_throttled_periods():
     tick = budget.os.sysconf("SC_CLK_TCK")
     start = _reading(0.0, [(0.0, 0, 0), (0.0, 0, 0)], [(0, 0), (0, 0)])
     # 10 s: host 0 used 4.5 s (0.45 core) throttled in 400 of 500 periods; host 1 idled. Each core
-    # was busy 60% of the time, the filler took 30% of core 0's.
+    # was busy 60% of the time, the filler took 30% of core 0's; core 1 spent 5% in interrupts.
     end = _reading(
-        10.0, [(4.5, 500, 400), (1.0, 500, 0)], [(6 * tick, 10 * tick), (6 * tick, 10 * tick)], {0: 3.0}
+        10.0,
+        [(4.5, 500, 400), (1.0, 500, 0)],
+        [(6 * tick, 10 * tick), (6 * tick, 10 * tick, tick // 2)],
+        {0: 3.0},
     )
     got = budget.got(start, end, 0.45, [(0,), (1,)])
     assert got["hosts"][0] == {
@@ -71,6 +76,7 @@ def test_a_window_reports_each_hosts_cpu_against_its_budget_and_its_throttled_pe
     }
     assert got["hosts"][1]["of_budget"] == pytest.approx(0.222, abs=1e-3)
     assert got["core_idle"] == [0.7, 0.4]  # the filler's time is idle time
+    assert got["core_interrupts"] == [0.0, 0.05]
     assert got["refused"] is None
 
 
