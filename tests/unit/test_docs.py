@@ -182,3 +182,18 @@ def test_the_flag_check_sees_the_readme_commands(script_flags):
     assert {"launch_local", "train"} <= {script for script, _ in found}, found
     assert "gin_file" in script_flags["train"] and "nodry_run" in script_flags["train"]
     assert "no_such_flag" not in script_flags["train"]
+
+
+def test_every_decision_record_is_in_the_index_with_its_title():
+    """docs/decisions/README.md lists every record (a record left out is one no reader finds)."""
+    folder = os.path.join(REPO, "docs", "decisions")
+    with open(os.path.join(folder, "README.md")) as f:
+        index = f.read()
+    missing = []
+    for path in sorted(glob.glob(os.path.join(folder, "[0-9][0-9][0-9][0-9]-*.md"))):
+        with open(path) as f:
+            title = f.readline().removeprefix("# ").strip()
+        name = os.path.basename(path)
+        if f"[{title}]({name})" not in index:
+            missing.append(f"[{title}]({name})")
+    assert not missing, f"add to docs/decisions/README.md: {missing}"
