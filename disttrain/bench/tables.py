@@ -181,16 +181,16 @@ def bench_caption(reports: Sequence[dict | None], what: str) -> str:
 
 
 HEADLINE = [
-    Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s link", f"{BENCH}/cifar_1gbit.json"),
-    Case("the same, 16-bit transfer (the docs' setting for a slow link)", f"{BENCH}/cifar_1gbit_bf16.json"),
+    Case("CIFAR-10 batch 32, 1 PS + 1 worker, a link at seed 000's ratio (1)", f"{BENCH}/cifar_ratio1.json"),
+    Case("the same, 16-bit transfer (the docs' setting for a slow link)", f"{BENCH}/cifar_ratio1_bf16.json"),
     Case("76 MB MLP, Adam, 1 PS + 1 worker, loopback", f"{BENCH}/mlp_1ps.json"),
     Case(
-        "the MLP on 4 emulated hosts at 500 Mbit/s, async PS",
+        "the MLP on 4 emulated hosts, links at ratio 2.5, async PS",
         f"{BENCH}/mlp_4hosts_async.json",
         measure="bound",
     ),
     Case(
-        "the MLP on 4 emulated hosts at 500 Mbit/s, all-reduce",
+        "the MLP on 4 emulated hosts, links at ratio 2.5, all-reduce",
         f"{BENCH}/mlp_4hosts_ring.json",
         measure="bound",
     ),
@@ -231,19 +231,21 @@ def headline(root: str) -> str:
         + "\n\n"
         + caption(
             "Each row's systems in one run, as a multiple of one process alone in that run or a share of "
-            f"the layout's bound (async: N x the slowest worker); -: not in that run; reports in {BENCH}/, "
-            "measured as docs/benchmark.md's targets table says"
+            f"the layout's bound (async: N x the slowest worker); -: not in that run; a link at ratio r "
+            "moves the model's bytes in r x one process's step, each emulated host on a CPU budget of its "
+            f"own, so a row means the same on any machine; reports in {BENCH}/, measured as "
+            "docs/benchmark.md's targets table says"
         )
     )
 
 
 HEADLINE_PLOT = f"{BENCH}/headline.png"
 SHORT = {  # HEADLINE's labels as the plot's axis names them
-    HEADLINE[0].label: "CIFAR-10, 1 PS + 1 worker\n1 Gbit/s",
+    HEADLINE[0].label: "CIFAR-10, 1 PS + 1 worker\nlink ratio 1",
     HEADLINE[1].label: "the same,\n16-bit transfer",
     HEADLINE[2].label: "MLP 76 MB, 1 PS + 1 worker\nloopback",
-    HEADLINE[3].label: "MLP, 4 hosts, 500 Mbit/s\nasync PS",
-    HEADLINE[4].label: "MLP, 4 hosts, 500 Mbit/s\nall-reduce",
+    HEADLINE[3].label: "MLP, 4 hosts, ratio 2.5\nasync PS",
+    HEADLINE[4].label: "MLP, 4 hosts, ratio 2.5\nall-reduce",
 }
 
 
@@ -323,7 +325,7 @@ class Target:
         return "yes" if all(verdicts) else "no"
 
 
-MLP_4_HOSTS = "MLP batch 32, 4 emulated hosts at 500 Mbit/s, PS colocated"
+MLP_4_HOSTS = "MLP batch 32, 4 emulated hosts, links at ratio 2.5, PS colocated"
 CIFAR_2_WORKERS = "CIFAR-10 batch 128, 2 local workers (bound: compute)"
 TARGETS = [
     Target(
@@ -335,12 +337,14 @@ TARGETS = [
     ),
     Target(
         "2",
-        Case("CIFAR-10 batch 32, 1 PS + 1 worker, emulated 1 Gbit/s", f"{BENCH}/cifar_1gbit.json"),
+        Case(
+            "CIFAR-10 batch 32, 1 PS + 1 worker, a link at seed 000's ratio (1)", f"{BENCH}/cifar_ratio1.json"
+        ),
         goals=(("one_process", 0.85),),
     ),
     Target(
         "2, 16-bit",
-        Case("the same with `transfer_dtype='bfloat16'`", f"{BENCH}/cifar_1gbit_bf16.json"),
+        Case("the same with `transfer_dtype='bfloat16'`", f"{BENCH}/cifar_ratio1_bf16.json"),
         goals=(("one_process", 0.85), ("bound", 0.9)),
     ),
     Target("3, async PS", Case(MLP_4_HOSTS, f"{BENCH}/mlp_4hosts_async.json", "bound"), (("bound", 0.9),)),
@@ -363,6 +367,14 @@ def both(case: Case, report: dict, systems: Callable[[str], bool]) -> str:
     return f"{one[0]:.2f}x / " + (f"{bound[0]:.2f}" if not isinstance(bound, str) else bound)
 
 
+def as_run(report: dict) -> str:
+    """What a case defined by ratios was on the machine that ran it: '124 Mbit/s, 0.45 core a host'."""
+    cfg = report["config"]
+    parts = [f"{cfg['link_mbit']:.0f} Mbit/s" if cfg.get("link_ratio") and cfg.get("link_mbit") else ""]
+    parts.append(f"{cfg['host_cores']:g} core a host" if cfg.get("host_cores") else "")
+    return ", ".join(p for p in parts if p)
+
+
 def targets(root: str) -> str:
     """docs/benchmark.md's targets: every system of each target's run, x one process / of the bound."""
     header = ["target", "case", "disttrain", "TF's default", *PEERS.values(), "goal (disttrain)", "met"]
@@ -370,7 +382,8 @@ def targets(root: str) -> str:
     for target in TARGETS:
         report = load(root, target.case.report)
         reports.append(report)
-        head = [target.name, target.case.label]
+        here = as_run(report) if report else ""
+        head = [target.name, target.case.label + (f" ({here})" if here else "")]
         if report is None:
             body.append([*head, *[NOT_MEASURED] * (2 + len(PEERS)), target.goal, "-"])
             continue
@@ -750,6 +763,7 @@ def budget_fairness(root: str) -> str:
 
 
 SCALING_DIR = "docs/reports/scaling"  # issue 49's scaling runs: hosts of their own, 1 to 8 of them
+RATIO_DIR = "docs/reports/ratio"  # target 2 on a second budget: a case defined by ratio keeps its figures
 
 
 def _system_name(run: dict) -> str:
@@ -810,6 +824,65 @@ def scaling(root: str) -> str:
     return markdown(header, body) + "\n\n" + bench_caption(list(reports.values()), what)
 
 
+RATIO_CASES = (  # target 2 on two budgets, its link set by ratio: (what changed, report)
+    ("0.45 core a host, `--link_ratio=1`", f"{BENCH}/cifar_ratio1.json"),
+    ("0.22 core a host, `--link_ratio=1`", f"{RATIO_DIR}/cifar_ratio1_022.json"),
+)
+
+
+def _over_repeats(run: dict | None) -> str:
+    """'0.61 (0.60-0.62)': a run's x one process alone beside it, and its range over the repeats."""
+    if run is None or not trained(run) or run.get("scaling_efficiency") is None:
+        return "-" if run is None else "failed"
+    repeats = run.get("repeats", [])
+    effs = [x["scaling_efficiency"] for x in repeats if x.get("scaling_efficiency")]
+    spread = f" ({min(effs):.2f}-{max(effs):.2f})" if len(effs) > 1 else ""
+    counted = f" ({len(effs)} of {len(repeats)} repeats counted)" if len(effs) < len(repeats) else ""
+    return f"{run['scaling_efficiency']:.2f}{spread}{counted}"
+
+
+def link_ratio(root: str) -> str:
+    """Issue 49's proof: target 2 on two CPU budgets (a machine twice as slow) keeps its figures when its
+    link is set by ratio."""
+    header = [
+        "run",
+        "one process alone, steps/s",
+        "link",
+        "ratio",
+        "disttrain, x one process",
+        "TF's default",
+    ]
+    body, found = [], []
+    for what, path in RATIO_CASES:
+        report = load(root, path)
+        if report is None:
+            body.append([what, *[NOT_MEASURED] * 5])
+            continue
+        found.append(report)
+        cfg, ref = report["config"], report["reference"]
+        step = 1 / ref["steps_per_sec"]
+        ratio = cfg["model_bytes"] * 8 / (cfg["link_mbit"] * 1e6) / step
+        by = {r["system"]: r for r in report["runs"]}
+        body.append(
+            [
+                what,
+                f"{ref['steps_per_sec']:.2f}",
+                f"{cfg['link_mbit']:.0f} Mbit/s",
+                f"{ratio:.2f}",
+                _over_repeats(by.get("disttrain")),
+                _over_repeats(by.get("tf_default")),
+            ]
+        )
+    what = (
+        "CIFAR-10 batch 32, 1 PS + 1 worker host, disttrain's async PS with overlap; x one process: over "
+        "the processes alone beside the run on the same budget, in the repeat the benchmark kept (its median "
+        "quiet one), and the range over the repeats; a repeat is not counted when a host may not have got "
+        "its budget; ratio: the link's time for the model's bytes over one process's step; reports in "
+        f"{BENCH}/ and {RATIO_DIR}/"
+    )
+    return markdown(header, body) + "\n\n" + bench_caption(found, what)
+
+
 def scaling_plots(root: str) -> list[str]:
     """A plot of efficiency against hosts, a line per system, beside each report of SCALING_DIR; the paths
     written (none without matplotlib)."""
@@ -853,6 +926,7 @@ TABLES: dict[str, Renderer | str] = {
     "headline": headline,
     "budget_fairness": budget_fairness,
     "scaling": scaling,
+    "link_ratio": link_ratio,
     "seeds": seeds,
     "targets": targets,
     "link_bytes": link_bytes,

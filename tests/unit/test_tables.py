@@ -158,6 +158,29 @@ def test_the_scaling_table_gives_each_systems_efficiency_against_n_hosts_alone_a
     assert plots == [f"{tables.SCALING_DIR}/cifar10.png"] and (tmp_path / plots[0]).stat().st_size > 0
 
 
+def test_the_link_ratio_table_shows_each_budgets_rate_ratio_and_figures_and_what_is_missing(tmp_path):
+    os.makedirs(tmp_path / tables.BENCH)
+    repeats = [{"scaling_efficiency": 0.6}, {"scaling_efficiency": 0.64}]
+    refused = [{"scaling_efficiency": 0.4}, {"error": "refused: core(s) [1] had no idle time left"}]
+    runs = [
+        bench_run("disttrain", 0.64, 0.7, repeats=repeats),
+        bench_run("tf_default", 0.4, 0.4, repeats=refused),
+    ]
+    report = bench_report(runs)
+    # 4 MB in 1 x a 0.25 s step: 128 Mbit/s; the table recomputes the ratio from the rate and the reference.
+    report["config"] |= {"link_ratio": 1.0, "link_mbit": 128.0, "model_bytes": 4e6, "host_cores": 0.45}
+    report["reference"]["steps_per_sec"] = 4.0
+    (tmp_path / tables.BENCH / "cifar_ratio1.json").write_text(json.dumps(report))
+    rows = tables.render("link_ratio", str(tmp_path)).splitlines()[2:4]
+    assert rows[0] == (
+        "| 0.45 core a host, `--link_ratio=1` | 4.00 | 128 Mbit/s | 1.00 | 0.64 (0.60-0.64) "
+        "| 0.40 (1 of 2 repeats counted) |"
+    )
+    assert rows[1].startswith("| 0.22 core a host, `--link_ratio=1` | not measured |")
+    # The targets table names the rate and budget the ratio came to on the machine that ran it.
+    assert "seed 000's ratio (1) (128 Mbit/s, 0.45 core a host)" in tables.render("targets", str(tmp_path))
+
+
 def test_readmes_first_forty_lines_hold_no_date():
     with open(os.path.join(REPO, "README.md")) as f:
         first = "".join(f.readlines()[:40])
