@@ -19,10 +19,10 @@ started through `wrap(i, argv)`:
 Each core keeps HEADROOM of its time outside every budget, for the kernel's packet
 work (the veth and bridge path runs in softirq; without IRQ time accounting it is
 charged to whichever host's task it interrupts, and `got()` reports each core's
-share of it) and the benchmark's own process. `usage()` reads each host's CPU seconds and throttled
-periods; `got()` turns two readings and the machine's per-core counters into what
-each host got, and the reason a run is refused when a host may not have got its
-budget (a core with no idle time left).
+share of it) and the benchmark's own process. `usage()` reads each host's CPU
+seconds and throttled periods; `got()` turns two readings and the machine's
+per-core counters into what each host got, and the reason a run is refused when a
+host may not have got its budget (a core with no idle time left).
 
 Needs root and the controllers mounted. Groups are named `<prefix>-<pid>-<k>-<i>`
 like netem's namespaces, so `cleanup_stale(prefix)` removes what a killed run left.
