@@ -777,6 +777,11 @@ def _hosts(run: dict) -> int:
     return run["workers"] + (run["ps"] if run.get("layout") == "dedicated" else 0)
 
 
+def _repeat_efficiencies(run: dict) -> list[float]:
+    """The x one process of each counted repeat of a run (with processes alone beside it)."""
+    return [x["scaling_efficiency"] for x in run.get("repeats", []) if x.get("scaling_efficiency")]
+
+
 def scaling(root: str) -> str:
     """The seeds' table of our own: per system and worker count, examples/s and the efficiency against N x
     one host under the same budget (alone beside the run), with its spread over the repeats, from every
@@ -799,9 +804,7 @@ def scaling(root: str) -> str:
             if not trained(run):
                 cells = ["-"] * 3 + [run.get("error", "").split("\n")[0][:60] or "failed"]
             else:
-                effs = [
-                    x["scaling_efficiency"] for x in run.get("repeats", []) if x.get("scaling_efficiency")
-                ]
+                effs = _repeat_efficiencies(run)
                 spread = f"{min(effs):.2f}-{max(effs):.2f}" if len(effs) > 1 else "one run"
                 bound = run.get("efficiency_vs_bound")
                 cells = [
@@ -834,10 +837,9 @@ def _over_repeats(run: dict | None) -> str:
     """'0.61 (0.60-0.62)': a run's x one process alone beside it, and its range over the repeats."""
     if run is None or not trained(run) or run.get("scaling_efficiency") is None:
         return "-" if run is None else "failed"
-    repeats = run.get("repeats", [])
-    effs = [x["scaling_efficiency"] for x in repeats if x.get("scaling_efficiency")]
+    effs, repeats = _repeat_efficiencies(run), len(run.get("repeats", []))
     spread = f" ({min(effs):.2f}-{max(effs):.2f})" if len(effs) > 1 else ""
-    counted = f" ({len(effs)} of {len(repeats)} repeats counted)" if len(effs) < len(repeats) else ""
+    counted = f" ({len(effs)} of {repeats} repeats counted)" if len(effs) < repeats else ""
     return f"{run['scaling_efficiency']:.2f}{spread}{counted}"
 
 
