@@ -76,7 +76,7 @@ def _v2_controllers(path: str) -> set[str]:
 
 def _mode() -> tuple[str, dict[str, str]] | None:
     """('v1', {controller: mount}) or ('v2', {'v2': mount}), whichever gives cpu and cpuset; else None."""
-    m = {k: v for k, v in machine.cgroup_mounts().items() if k in (*_V1, "v2")}
+    m = machine.cgroup_mounts()
     if all(c in m for c in _V1):
         return "v1", {c: m[c] for c in _V1}
     if "v2" in m and {"cpu", "cpuset"} <= _v2_controllers(m["v2"]):

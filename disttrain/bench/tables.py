@@ -369,10 +369,12 @@ def both(case: Case, report: dict, systems: Callable[[str], bool]) -> str:
 
 def as_run(report: dict) -> str:
     """What a case defined by ratios was on the machine that ran it: '124 Mbit/s, 0.45 core a host'."""
-    cfg = report["config"]
-    parts = [f"{cfg['link_mbit']:.0f} Mbit/s" if cfg.get("link_ratio") and cfg.get("link_mbit") else ""]
-    parts.append(f"{cfg['host_cores']:g} core a host" if cfg.get("host_cores") else "")
-    return ", ".join(p for p in parts if p)
+    cfg, parts = report["config"], []
+    if cfg.get("link_ratio") and cfg.get("link_mbit"):
+        parts.append(f"{cfg['link_mbit']:.0f} Mbit/s")
+    if cfg.get("host_cores"):
+        parts.append(f"{cfg['host_cores']:g} core a host")
+    return ", ".join(parts)
 
 
 def targets(root: str) -> str:
